@@ -1,0 +1,302 @@
+"""Typed, validated parameters.
+
+``params.yaml`` is the only knob file: one section per stage plus shared sections
+(``model``, ``envs``, ``tracking``). :func:`load_params` reads it (optionally merged with a
+profile), validates every key and value, and raises :class:`BadInput` naming the offending
+key and the allowed values. Stage entry points turn :class:`BadInput` into exit status 2
+before they write anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lopd.errors import BadInput
+
+ARMS = (
+    "base",
+    "sft",
+    "grpo",
+    "opsd_text",
+    "lopd_frozen",
+    "lopd_nomargin",
+    "lopd",
+    "lopd_shuffled",
+    "lopd_unrelated",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelParams(_Section):
+    name_or_path: str | None = None  # a local HF CausalLM dir; None = tiny model from config
+    arch: Literal["qwen3", "llama", "gpt2"] = "qwen3"
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(128, ge=8)
+    max_seq_len: int = Field(160, ge=16)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    lora_r: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    lora_target_modules: list[str] | None = None
+    torch_threads: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("model.num_heads must be divisible by model.num_kv_heads")
+        return self
+
+
+class EnvParams(_Section):
+    domains: list[Literal["tool", "code"]] = ["tool", "code"]
+    tool_families: list[Literal["inventory", "bank", "thermo", "ticket"]] = ["inventory", "bank", "thermo", "ticket"]
+    max_turns: int = Field(5, ge=1, le=20)
+    n_train: int = Field(400, ge=4)
+    n_val: int = Field(64, ge=4)
+    n_test: int = Field(128, ge=4)
+    seed: int = Field(1234, ge=0)
+
+    @field_validator("domains")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v or len(set(v)) != len(v):
+            raise ValueError("envs.domains must be a non-empty list without duplicates; allowed: tool, code")
+        return v
+
+
+class TrackingParams(_Section):
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "lopd"
+    on_failure: Literal["warn", "fail"] = "warn"
+
+
+class BaseParams(_Section):
+    demos_per_task: int = Field(3, ge=1)
+    noise: float = Field(0.3, ge=0.0, le=1.0)
+    truncate_prob: float = Field(0.1, ge=0.0, le=1.0)
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    seed: int = Field(0, ge=0)
+
+
+class EvalParams(_Section):
+    temperature: float = Field(1.0, gt=0)
+    greedy: bool = True
+    max_new_tokens: int = Field(12, ge=1)
+    batch_size: int = Field(64, ge=1)
+
+
+class BankParams(_Section):
+    embedder: Literal["backbone", "minilm"] = "backbone"
+    rollouts_per_task: int = Field(2, ge=1)
+    min_reward: float = Field(1.0, ge=0.0, le=1.0)
+    seed: int = Field(0, ge=0)
+
+
+class ColdStartParams(_Section):
+    steps: int = Field(120, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    k_max: int = Field(16, ge=1)
+    n_ret_max: int = Field(5, ge=1)
+    seed: int = Field(0, ge=0)
+
+
+class TrainParams(_Section):
+    arms: list[str] = list(ARMS)
+    seeds: list[int] = [0, 1, 2, 3, 4]
+    steps: int = Field(30, ge=1)
+    tasks_per_step: int = Field(16, ge=1)
+    group_size: int = Field(4, ge=1)
+    lr_student: float = Field(2e-3, gt=0)
+    lr_composer: float = Field(2e-3, gt=0)
+    margin: float = Field(0.05, ge=0.0)
+    K: int = Field(4, ge=1)
+    n_ret: int = Field(2, ge=1)
+    lambda_anchor: float = Field(0.2, ge=0.0)
+    eta_beta: float = Field(0.5, ge=0.0)
+    beta_init: float = Field(0.0, ge=0.0)
+    top_m: int = Field(20, ge=1)
+    support: Literal["teacher", "student", "union"] = "teacher"
+    temperature: float = Field(1.0, gt=0)
+    rollout_budget: int | None = Field(None, ge=1)
+    val_every: int = Field(10, ge=1)
+    val_tasks: int = Field(64, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    beta_max: float = Field(50.0, gt=0)
+    infeasible_patience: int = Field(20, ge=1)
+    use_best_params: bool = True
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, v):
+        bad = [a for a in v if a not in ARMS]
+        if bad:
+            raise ValueError(f"unknown arm(s) {bad}; known arms: {', '.join(ARMS)}")
+        if len(set(v)) != len(v) or not v:
+            raise ValueError("train.arms must be a non-empty list without duplicates")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v):
+        if not v or len(set(v)) != len(v) or any(s < 0 for s in v):
+            raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative integers, got {v}")
+        return v
+
+
+class HpoParams(_Section):
+    n_trials: int = Field(16, ge=1)
+    seed: int = Field(0, ge=0)
+    study_name: str = "lopd-val-search"
+    margin_choices: list[float] = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2]
+    k_choices: list[int] = [4, 8, 16]
+    n_ret_min: int = Field(1, ge=1)
+    n_ret_max: int = Field(5, ge=1)
+    seeds_per_trial: int = Field(1, ge=1)
+    steps: int = Field(20, ge=1)
+    val_every: int = Field(10, ge=1)
+
+    @field_validator("margin_choices")
+    @classmethod
+    def _margins(cls, v):
+        if not v or any(m < 0 for m in v):
+            raise ValueError(f"hpo.margin_choices must be non-empty and >= 0, got {v}")
+        return v
+
+    @field_validator("k_choices")
+    @classmethod
+    def _ks(cls, v):
+        if not v or any(k < 1 for k in v):
+            raise ValueError(f"hpo.k_choices must be non-empty integers >= 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.n_ret_min > self.n_ret_max:
+            raise ValueError("hpo.n_ret_min must be <= hpo.n_ret_max")
+        return self
+
+
+class SensitivityParams(_Section):
+    seeds: list[int] = [0, 1]
+    margins: list[float] = [0.0, 0.05, 0.2]
+    ks: list[int] = [4, 16]
+    n_rets: list[int] = [1, 3]
+    steps: int = Field(20, ge=1)
+
+
+class ReportParams(_Section):
+    alpha: float = Field(0.05, gt=0, lt=1)
+    n_boot: int = Field(5000, ge=100)
+    falsification_rule: str = (
+        "The claim that retrieved content drives LOPD's gain survives only if lopd beats both "
+        "lopd_shuffled and lopd_unrelated on mean test reward with Holm-adjusted paired "
+        "permutation p < alpha."
+    )
+
+
+class Params(_Section):
+    model: ModelParams = ModelParams()
+    envs: EnvParams = EnvParams()
+    tracking: TrackingParams = TrackingParams()
+    base: BaseParams = BaseParams()
+    evaluate: EvalParams = EvalParams()
+    bank: BankParams = BankParams()
+    cold_start: ColdStartParams = ColdStartParams()
+    train: TrainParams = TrainParams()
+    hpo: HpoParams = HpoParams()
+    sensitivity: SensitivityParams = SensitivityParams()
+    report: ReportParams = ReportParams()
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.train.K > self.cold_start.k_max:
+            raise ValueError(f"train.K ({self.train.K}) must be <= cold_start.k_max ({self.cold_start.k_max})")
+        if max(self.hpo.k_choices) > self.cold_start.k_max:
+            raise ValueError(f"hpo.k_choices must be <= cold_start.k_max ({self.cold_start.k_max})")
+        if self.train.n_ret > self.cold_start.n_ret_max or self.hpo.n_ret_max > self.cold_start.n_ret_max:
+            raise ValueError(f"train.n_ret and hpo.n_ret_max must be <= cold_start.n_ret_max ({self.cold_start.n_ret_max})")
+        return self
+
+    def section_hash(self, *names: str) -> str:
+        d = {n: getattr(self, n).model_dump() for n in (names or type(self).model_fields)}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    lines = [f"invalid parameters in {source}:"]
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = err["loc"][:-1]
+            allowed = _allowed_keys(parent)
+            msg = f"unknown key; allowed keys here: {', '.join(allowed)}"
+        elif err["type"] == "literal_error":
+            msg = f"{msg} (got {err.get('input')!r})"
+        else:
+            msg = f"{msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err.get("input"), dict) else msg
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = Params
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = field.annotation
+    return sorted(getattr(model, "model_fields", {}).keys())
+
+
+def parse_params(raw: dict[str, Any], source: str = "params") -> Params:
+    if not isinstance(raw, dict):
+        raise BadInput(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        raise BadInput(_format_error(e, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml", profile: str | Path | None = None) -> Params:
+    """Load ``path`` (merged with ``profile`` if given) and validate it."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"params file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+        if profile is not None:
+            raw = deep_merge(raw, yaml.safe_load(Path(profile).read_text()) or {})
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path}: not valid YAML: {e}") from None
+    except FileNotFoundError as e:
+        raise BadInput(f"profile not found: {e.filename}") from None
+    return parse_params(raw, str(path) + (f" + {profile}" if profile else ""))

@@ -1,0 +1,243 @@
+"""One backbone in memory, three roles.
+
+* **student**  = base + LoRA adapter ``student`` (trained: θ)
+* **composer** = base + LoRA adapter ``composer`` (trained with the query block: φ)
+* **teacher**  = base with every adapter disabled (frozen)
+
+All three share the base weights, which never receive gradients. Switching roles only flips
+which LoRA branch is active (:meth:`Backbone.mode`); unlike peft's own ``set_adapter`` /
+``disable_adapter`` it never toggles ``requires_grad``, so a single backward pass can reach
+both adapters through graphs built under different roles, and an adapter that was inactive
+in a forward pass gets no gradient from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lopd.errors import BadInput
+from lopd.model.chat import ChatFormat
+
+LORA_TARGETS = {
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+}
+ROLES = ("student", "composer", "teacher")
+
+
+def resolve_device(mp) -> torch.device:
+    if mp.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if mp.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("model.device is 'cuda' but no CUDA device is available (allowed: auto, cpu, cuda)")
+    return torch.device(mp.device)
+
+
+def resolve_dtype(mp, device: torch.device) -> torch.dtype:
+    if mp.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, mp.dtype)
+
+
+def tiny_config(mp, vocab_size: int, tokenizer) -> Any:
+    """A small causal-LM config of the requested architecture."""
+    from transformers import GPT2Config, LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    if mp.arch == "gpt2":
+        return GPT2Config(n_embd=mp.hidden_size, n_layer=mp.num_layers, n_head=mp.num_heads,
+                          n_positions=mp.max_seq_len + 256, n_inner=mp.intermediate_size, resid_pdrop=0.0,
+                          embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, **common)
+    cls = Qwen3Config if mp.arch == "qwen3" else LlamaConfig
+    extra = {"head_dim": mp.hidden_size // mp.num_heads}
+    return cls(hidden_size=mp.hidden_size, num_hidden_layers=mp.num_layers, num_attention_heads=mp.num_heads,
+               num_key_value_heads=mp.num_kv_heads, intermediate_size=mp.intermediate_size,
+               max_position_embeddings=mp.max_seq_len + 256, tie_word_embeddings=True,
+               attention_dropout=0.0, **extra, **common)
+
+
+def build_tiny_model(mp, tokenizer, seed: int = 0) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(mp, len(tokenizer), tokenizer)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return model.float()
+
+
+def load_causal_lm(path: str | Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """Load a local Hugging Face CausalLM directory (never a hub download)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise BadInput(f"model directory {path} has no config.json: not a Hugging Face model directory")
+    try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - report the cause, whatever transformers raised
+        raise BadInput(f"model directory {path}: cannot read its config ({type(e).__name__}: {e})") from None
+    archs = getattr(cfg, "architectures", None) or []
+    if archs and not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
+        raise BadInput(f"model directory {path} holds {archs}, not a causal LM (need *ForCausalLM)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype,
+                                                     attn_implementation="sdpa")
+    except ValueError as e:
+        raise BadInput(f"model directory {path} is not a causal LM: {e}") from None
+    except Exception as e:  # noqa: BLE001
+        raise BadInput(f"model directory {path} could not be loaded ({type(e).__name__}: {e}); "
+                       "are the weights complete?") from None
+    return model.to(device)
+
+
+def dir_hash(path: str | Path) -> str:
+    """SHA-256 over a model directory's files (names and bytes), for provenance."""
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+class Backbone:
+    """A base causal LM carrying the ``student`` and ``composer`` LoRA adapters."""
+
+    def __init__(self, base: nn.Module, tokenizer, mp, arch: str | None = None):
+        from peft import LoraConfig, get_peft_model
+
+        self.tokenizer = tokenizer
+        self.fmt = ChatFormat(tokenizer)
+        arch = arch or getattr(base.config, "model_type", mp.arch)
+        targets = mp.lora_target_modules or LORA_TARGETS.get(arch)
+        if not targets:
+            raise BadInput(f"no default LoRA target modules for architecture {arch!r}; set model.lora_target_modules "
+                           f"(known defaults: {', '.join(LORA_TARGETS)})")
+        cfg = LoraConfig(r=mp.lora_r, lora_alpha=mp.lora_alpha, lora_dropout=0.0, target_modules=targets, bias="none")
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.model = get_peft_model(base, cfg, adapter_name="student")
+        self.model.add_adapter("composer", cfg)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_("lora_" in name)
+        self.hidden_size = base.config.get_text_config().hidden_size if hasattr(base.config, "get_text_config") else base.config.hidden_size
+        self._layers = [m for m in self.model.modules() if hasattr(m, "_active_adapter") and hasattr(m, "_disable_adapters")]
+        self.role = None
+        self.mode("student")
+
+    # ------------------------------------------------------------------ roles
+    def mode(self, role: str) -> "Backbone":
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; known: {ROLES}")
+        for m in self._layers:
+            m._disable_adapters = role == "teacher"
+            if role != "teacher":
+                m._active_adapter = [role]
+        self.role = role
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def adapter_params(self, name: str) -> list[nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if f".{name}." in n and "lora_" in n]
+
+    def base_params(self) -> list[nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if "lora_" not in n]
+
+    # ------------------------------------------------------------------ forward passes
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor, role: str) -> torch.Tensor:
+        self.mode(role)
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+    def teacher_logits(self, prefix: torch.Tensor | None, prefix_mask: torch.Tensor | None, ids: torch.Tensor,
+                       attn: torch.Tensor, latent_prefix: bool = True) -> torch.Tensor:
+        """Teacher (adapters disabled) logits over ``ids`` given a prefix of embeddings.
+
+        ``prefix``: (N, L, d) — the composer's latents ``c_φ`` or embedded context text.
+        Attention mask: ``prefix_mask`` (1 on real prefix entries) then ``attn``.
+        Positions: the rollout tokens keep exactly the student's positions ``0..T-1``; a latent
+        prefix sits at position 0 (it is a bag of ``n_ret·K`` summary vectors), while a text
+        prefix is ordinary text and takes positions ``0..L-1`` with the rollout shifted by L.
+        Returns logits aligned with ``ids`` (N, T, V): the prefix positions are dropped.
+        """
+        self.mode("teacher")
+        if prefix is None or prefix.shape[1] == 0:
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        n, L, _ = prefix.shape
+        T = ids.shape[1]
+        emb = torch.cat([prefix.to(self.embed(ids).dtype), self.embed(ids)], dim=1)
+        mask = torch.cat([prefix_mask.to(attn.dtype), attn], dim=1)
+        if latent_prefix:
+            pos = torch.cat([torch.zeros(n, L, dtype=torch.long, device=ids.device),
+                             torch.arange(T, device=ids.device).expand(n, T)], dim=1)
+        else:
+            pos = torch.arange(L + T, device=ids.device).expand(n, L + T)
+        out = self.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=False).logits
+        return out[:, L:]
+
+    def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor, role: str = "composer") -> torch.Tensor:
+        """Last-layer hidden states (N, S, d) under ``role`` (the composer encoder by default)."""
+        self.mode(role)
+        out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True, use_cache=False)
+        return out.hidden_states[-1]
+
+    # ------------------------------------------------------------------ adapter state
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+
+    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        expected = set(self.adapter_state(name))
+        if set(state) != expected:
+            raise BadInput(f"adapter {name!r} state does not match this backbone "
+                           f"({len(set(state) ^ expected)} mismatched tensors)")
+        set_peft_model_state_dict(self.model, state, adapter_name=name)
+        for n, p in self.model.named_parameters():
+            p.requires_grad_("lora_" in n)
+        self.mode(self.role or "student")
+
+
+def load_backbone(params, base_dir: str | Path) -> Backbone:
+    """The base policy written by the ``base`` stage (or a real model) with fresh adapters."""
+    from lopd.model.tokenizer import load_tokenizer
+
+    mp = params.model
+    device = resolve_device(mp)
+    dtype = resolve_dtype(mp, device)
+    src = Path(mp.name_or_path) if mp.name_or_path else Path(base_dir) / "model"
+    tok_dir = src if mp.name_or_path else Path(base_dir) / "model"
+    if not src.exists():
+        raise BadInput(f"model directory not found: {src}" + ("" if mp.name_or_path else " (run the base stage first)"))
+    tok = load_tokenizer(tok_dir)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    base = load_causal_lm(src, device, dtype)
+    torch.manual_seed(0)  # LoRA init is random: fix it so every run starts from the same adapters
+    return Backbone(base, tok, mp)
+
+
+def describe(bb: Backbone) -> dict[str, Any]:
+    n_base = sum(p.numel() for p in bb.base_params())
+    return {"base_params": n_base, "student_lora": sum(p.numel() for p in bb.adapter_params("student")),
+            "composer_lora": sum(p.numel() for p in bb.adapter_params("composer")),
+            "vocab": len(bb.tokenizer), "config": json.loads(bb.model.get_base_model().config.to_json_string())}

@@ -1,0 +1,8 @@
+"""DVC stage `sensitivity`: a thin entry point; the work is in lopd.stages."""
+
+import sys
+
+from lopd.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["sensitivity", *sys.argv[1:]]))

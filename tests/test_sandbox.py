@@ -1,0 +1,337 @@
+"""Hostile programs against lopd.sandbox: none may succeed or touch anything outside its
+temp dir. Targets outside the sandbox are passed in through the code string."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import tempfile
+import threading
+
+import pytest
+
+from lopd import sandbox
+from lopd.envs.base import Task
+from lopd.envs.code import CodeEnv
+from lopd.sandbox import run_calls
+
+CORRECT = "def f ( x ) : return x * 2 + 3"
+CALLS = [[1], [2], [-3]]
+
+
+def _sbx_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "lopd-sbx-*")))
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_tempdirs():
+    before = _sbx_dirs()
+    yield
+    assert _sbx_dirs() <= before, "a sandbox temp dir was left behind"
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return CodeEnv().generate(0, 1)[0]  # a scale_shift task
+
+
+def score(task: Task, code: str) -> float:
+    ep = CodeEnv(timeout_s=1.0).episode(task)
+    res = ep.step(code)
+    assert res.done and res.observation is None
+    return ep.reward()
+
+
+def assert_not_ok(code: str, *, fn: str = "f", calls=CALLS, timeout_s: float = 1.0, **kw):
+    r = run_calls(code, fn, calls, timeout_s=timeout_s, **kw)
+    assert r.status != "ok", r
+    assert r.outputs is None
+    return r
+
+
+# ------------------------------------------------------------------------ sanity
+
+
+def test_correct_solution_ok(task):
+    r = run_calls(CORRECT, "f", CALLS)
+    assert r.status == "ok", r
+    assert r.outputs == [5, 7, -3]
+    assert score(task, task.spec["solution"]) == 1.0
+
+
+def test_exception_is_error_and_missing_function():
+    assert assert_not_ok("def f(x): return 1 // 0").status == "error"
+    assert assert_not_ok("def g(x): return x").status == "error"
+    assert assert_not_ok("def f(x) return x").status == "error"  # syntax error
+    assert assert_not_ok("import sys\ndef f(x): sys.exit(0)").status == "error"
+
+
+def test_tempdir_removed_and_is_cwd_and_home():
+    r = run_calls("import os\ndef f(x): return [os.getcwd(), os.environ.get('HOME')]", "f", [[0]])
+    assert r.status == "ok", r
+    cwd, home = r.outputs[0]
+    assert cwd == home
+    assert os.path.basename(cwd).startswith("lopd-sbx-")
+    assert not os.path.exists(cwd)
+
+
+def test_isolation_probe_is_cached():
+    iso = sandbox.isolation()
+    assert set(iso) == {"netns", "drop_uid"}
+    assert sandbox.isolation() == iso
+
+
+# ------------------------------------------------------------------------ hostile
+
+
+def test_infinite_loop_times_out(task):
+    r = assert_not_ok("def f(x):\n    while True:\n        pass", timeout_s=0.5)
+    assert r.status == "timeout"
+    ep = CodeEnv(timeout_s=0.5).episode(task)
+    ep.step("def f ( x ) :\n    while True : pass")
+    assert ep.reward() == 0.0
+
+
+def test_fork_bomb(tmp_path):
+    flag = tmp_path / "forked"
+    code = (
+        "import os\n"
+        "def f(x):\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        f"            open({str(flag)!r}, 'w').close()\n"
+    )
+    r = assert_not_ok(code)
+    assert r.status == "refused"
+    assert not flag.exists()
+    assert_not_ok("import multiprocessing\ndef f(x): return x")
+    assert_not_ok("import os, pty\ndef f(x): return pty.fork()[0]")
+
+
+def test_memory_bomb(task):
+    r = assert_not_ok("def f(x):\n    a = bytearray(4 * 1024 ** 3)\n    return len(a)")
+    assert r.status in ("error", "killed")
+    r = assert_not_ok("def f(x):\n    xs = []\n    while True:\n        xs.append(' ' * 10 ** 6)", timeout_s=3)
+    assert r.status in ("error", "killed")
+    assert score(task, "def f ( x ) : return len ( bytearray ( 4 * 1024 ** 3 ) )") == 0.0
+
+
+def test_deep_recursion():
+    r = assert_not_ok("def f(x):\n    return f(x + 1)")
+    assert r.status == "error" and "RecursionError" in r.detail
+    # raising the limit only trades the exception for a crash
+    assert_not_ok("import sys\nsys.setrecursionlimit(10**7)\ndef f(x):\n    return f(x + 1)", timeout_s=3)
+
+
+def test_write_outside_refused(tmp_path, task):
+    target = tmp_path / "pwned.txt"
+    repo_target = os.path.join(os.path.dirname(os.path.dirname(sandbox.__file__)), "PWNED_BY_SANDBOX")
+    for path in (str(target), repo_target):
+        for code in (
+            f"def f(x):\n    open({path!r}, 'w').write('x')\n    return x",
+            f"def f(x):\n    open({path!r}, 'a').write('x')\n    return x",
+            f"import os\ndef f(x):\n    os.close(os.open({path!r}, os.O_WRONLY | os.O_CREAT))\n    return x",
+            f"import pathlib\ndef f(x):\n    pathlib.Path({path!r}).write_text('x')\n    return x",
+            f"import shutil\ndef f(x):\n    open('a', 'w').close()\n    shutil.copyfile('a', {path!r})\n    return x",
+            f"import os\ndef f(x):\n    open('a', 'w').close()\n    os.rename('a', {path!r})\n    return x",
+        ):
+            r = assert_not_ok(code)
+            assert r.status == "refused", (code, r)
+            assert not os.path.exists(path)
+    assert score(task, f"open ( {str(target)!r} , 'w' ) \ndef f ( x ) : return x * 2 + 3") == 0.0
+    assert not target.exists()
+
+
+def test_write_into_real_home_refused():
+    real_home = os.path.expanduser("~")
+    target = os.path.join(real_home, ".lopd_sandbox_pwned")
+    assert not os.path.exists(target)
+    code = (
+        "import os\n"
+        "def f(x):\n"
+        f"    open({target!r}, 'w').write('x')\n"
+        "    open(os.path.expanduser('~/.also_here'), 'w').write('x')\n"  # $HOME is the sandbox
+        "    return x"
+    )
+    assert_not_ok(code)
+    assert not os.path.exists(target)
+    assert not os.path.exists(os.path.join(real_home, ".also_here"))
+
+
+def test_escape_tricks_refused(tmp_path):
+    """chdir out, symlink out, dir_fd relative to an outside directory."""
+    target = tmp_path / "escaped"
+    codes = [
+        f"import os\ndef f(x):\n    os.chdir({str(tmp_path)!r})\n    open('escaped', 'w').close()",
+        f"import os\ndef f(x):\n    os.symlink({str(tmp_path)!r}, 'l')\n    open('l/escaped', 'w').close()",
+        f"import os\ndef f(x):\n    d = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+        "    os.close(os.open('escaped', os.O_WRONLY | os.O_CREAT, dir_fd=d))",
+        "import os\ndef f(x):\n    d = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+        "    os.close(os.open('escaped', os.O_WRONLY | os.O_CREAT, dir_fd=d))",
+        f"import os\ndef f(x):\n    open(os.getcwd() + '/../' + {os.path.relpath(str(target), tempfile.gettempdir())!r}, 'w')",
+    ]
+    for code in codes:
+        r = assert_not_ok(code)
+        assert r.status == "refused", (code, r)
+    assert not target.exists()
+
+
+def test_delete_outside_refused(tmp_path):
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("keep me")
+    sub = tmp_path / "subdir"
+    sub.mkdir()
+    for code in (
+        f"import os\ndef f(x):\n    os.remove({str(sentinel)!r})\n    return x",
+        f"import os\ndef f(x):\n    os.unlink({str(sentinel)!r})\n    return x",
+        f"import os\ndef f(x):\n    os.rmdir({str(sub)!r})\n    return x",
+        f"import shutil\ndef f(x):\n    shutil.rmtree({str(tmp_path)!r})\n    return x",
+        f"import os\ndef f(x):\n    os.rename({str(sentinel)!r}, 'stolen')\n    return x",
+        f"import os\ndef f(x):\n    os.truncate({str(sentinel)!r}, 0)\n    return x",
+        f"import os\ndef f(x):\n    os.chmod({str(sentinel)!r}, 0o777)\n    return x",
+        # swallowing the refusal does not help: the action still did not happen
+        f"import os\ndef f(x):\n    try:\n        os.remove({str(sentinel)!r})\n    except BaseException:\n"
+        "        pass\n    return x * 2 + 3",
+    ):
+        r = assert_not_ok(code)
+        assert r.status == "refused", (code, r)
+    assert sentinel.read_text() == "keep me"
+    assert oct(sentinel.stat().st_mode & 0o777) != oct(0o777)
+    assert sub.is_dir()
+
+
+def test_network_refused(task):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    got: list = []
+
+    def accept():
+        server.settimeout(0.2)
+        try:
+            while not stop.is_set():
+                try:
+                    got.append(server.accept())
+                except socket.timeout:
+                    pass
+        except OSError:
+            pass
+
+    stop = threading.Event()
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        codes = [
+            f"import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    return x",
+            f"import socket\ndef f(x):\n    s = socket.socket()\n    s.connect(('127.0.0.1', {port}))\n    return x",
+            "import socket\ndef f(x):\n    s = socket.socket()\n    s.bind(('127.0.0.1', 0))\n    return x",
+            f"import urllib.request\ndef f(x):\n    return urllib.request.urlopen('http://127.0.0.1:{port}/').status",
+            f"import socket\ndef f(x):\n    try:\n        socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "    except BaseException:\n        pass\n    return x * 2 + 3",
+        ]
+        for code in codes:
+            r = assert_not_ok(code, timeout_s=2)
+            assert r.status == "refused", (code, r)
+        assert score(task, f"import socket \nsocket.create_connection ( ( '127.0.0.1' , {port} ) ) \n"
+                     + task.spec["solution"]) == 0.0
+    finally:
+        stop.set()
+        t.join(2)
+        server.close()
+    assert got == [], "the sandbox reached the listening server"
+
+
+def test_secrets_not_visible(monkeypatch):
+    secret = "sk-FAKE-SECRET-8c1d0e4f"
+    monkeypatch.setenv("LOPD_FAKE_API_KEY", secret)
+    r = run_calls("import os\ndef f(x):\n    return dict(os.environ)", "f", [[0]])
+    assert r.status == "ok", r
+    env = r.outputs[0]
+    assert secret not in repr(env)
+    assert set(env) <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LC_CTYPE"}
+    # the parent's environment through /proc
+    for code in (
+        "import os\ndef f(x):\n    return open('/proc/%d/environ' % os.getppid(), 'rb').read().decode()",
+        "import os\ndef f(x):\n    return open('/proc/1/environ', 'rb').read().decode()",
+    ):
+        r = run_calls(code, "f", [[0]])
+        assert r.status != "ok"
+        assert secret not in repr(r)
+
+
+def test_subprocess_refused(tmp_path):
+    flag = tmp_path / "spawned"
+    cmd = f"touch {flag}"
+    codes = [
+        f"import subprocess\ndef f(x):\n    subprocess.run({cmd!r}, shell=True)\n    return x",
+        f"import os\ndef f(x):\n    os.system({cmd!r})\n    return x",
+        f"import os\ndef f(x):\n    os.popen({cmd!r}).read()\n    return x",
+        f"import os\ndef f(x):\n    os.posix_spawn('/usr/bin/touch', ['touch', {str(flag)!r}], {{}})\n    return x",
+        f"import os\ndef f(x):\n    os.execv('/usr/bin/touch', ['touch', {str(flag)!r}])",
+        "import _posixsubprocess\ndef f(x):\n    return x",
+        "import ctypes\ndef f(x):\n    return ctypes.CDLL(None).system(b'true')",
+    ]
+    for code in codes:
+        r = assert_not_ok(code)
+        assert r.status == "refused", (code, r)
+    assert not flag.exists()
+
+
+def test_huge_output_killed():
+    r = assert_not_ok("import sys\ndef f(x):\n    while True:\n        sys.stdout.write('A' * 65536)", timeout_s=3)
+    assert r.status == "killed"
+    r = assert_not_ok("def f(x):\n    return 'B' * (1 << 20)", timeout_s=3)  # result line too long
+    assert r.status in ("killed", "error")
+    # stderr floods too
+    r = assert_not_ok("import sys\ndef f(x):\n    while True:\n        sys.stderr.write('C' * 65536)", timeout_s=1)
+    assert r.status in ("killed", "timeout")
+
+
+def test_file_size_limit():
+    assert_not_ok("def f(x):\n    open('big', 'wb').write(b'0' * (8 << 20))\n    return x")
+
+
+def test_exit_and_signal_tricks(task):
+    assert assert_not_ok("import os\ndef f(x):\n    os._exit(0)").status == "no_output"
+    r = assert_not_ok("import os, signal\ndef f(x):\n    os.kill(os.getppid(), signal.SIGKILL)")
+    assert r.status == "refused"
+    r = assert_not_ok("import os, signal\ndef f(x):\n    os.killpg(os.getpgid(0), signal.SIGTERM)")
+    assert r.status == "refused"
+    r = assert_not_ok("import signal\ndef f(x):\n    signal.raise_signal(signal.SIGKILL)")
+    assert r.status == "killed"
+    assert score(task, "import os \nos._exit ( 0 )") == 0.0
+
+
+def test_fake_marker_lines_rejected(task):
+    outs = [task.spec["expected"]]
+    fake = '{"status": "ok", "outputs": %s, "detail": ""}' % outs[0]
+    codes = [
+        # guessed markers, then a clean exit before the harness can answer
+        "import os\ndef f(x):\n"
+        f"    print('@@LOPD-' + '0' * 32 + ' ' + {fake!r}, flush=True)\n"
+        f"    print('MARKER ' + {fake!r}, flush=True)\n    os._exit(0)",
+        # look for the real marker: payload file, own memory, frames, gc, __main__
+        "def f(x):\n    return open('payload.json').read()",
+        "def f(x):\n    return open('/proc/self/mem', 'rb').read(10)",
+        "def f(x):\n    try:\n        1 / 0\n    except Exception as e:\n"
+        "        return str(e.__traceback__.tb_frame.f_back.f_locals)",
+        "import gc\ndef f(x):\n    return [str(o) for o in gc.get_objects() if isinstance(o, str) and 'LOPD' in o]",
+        "import sys\ndef f(x):\n    return str(sys._getframe(1).f_locals)",
+        "import sys\ndef f(x):\n    return str(sys.modules['__main__'].__dict__.get('_main').__code__.co_consts)",
+    ]
+    for code in codes:
+        assert_not_ok(code, calls=[[x] for x in task.spec["inputs"]])
+        ep = CodeEnv(timeout_s=1.0).episode(task)
+        ep.step(code)
+        assert ep.reward() == 0.0, code
+
+
+def test_wrong_type_outputs_do_not_score(task):
+    # JSON makes True == 1 in Python; the env compares types too
+    sol = "def f ( x ) : return float ( " + task.spec["solution"].split("return ")[1] + " )"
+    r = run_calls(sol, "f", [[x] for x in task.spec["inputs"]])
+    assert r.status == "ok"
+    assert r.outputs == task.spec["expected"]  # equal as numbers ...
+    assert score(task, sol) == 0.0  # ... but not exactly
