@@ -18,19 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lopd.arms import ARMS as ARM_REGISTRY
 from lopd.errors import BadInput
 
-ARMS = (
-    "base",
-    "sft",
-    "grpo",
-    "opsd_text",
-    "lopd_frozen",
-    "lopd_nomargin",
-    "lopd",
-    "lopd_shuffled",
-    "lopd_unrelated",
-)
+ARMS = tuple(ARM_REGISTRY)
 
 
 class _Section(BaseModel):

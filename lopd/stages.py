@@ -87,3 +87,301 @@ def stage_base(params: Params) -> dict:
     print(f"base policy val reward {res['mean']:.3f} by domain {res['by_domain']}")
     del torch
     return result
+
+
+BANK_DIR = Path("models/bank")
+COLD_DIR = Path("models/cold_start")
+HPO_DIR = Path("hpo")
+RUNS_DIR = Path("runs")
+CKPT_DIR = Path("checkpoints")
+EVAL_DIR = Path("results/eval")
+
+
+def _load_bb(params):
+    from lopd.model.backbone import load_backbone
+    from lopd.utils import seed_everything
+
+    seed_everything(0, params.model.torch_threads)
+    return load_backbone(params, BASE_DIR)
+
+
+def _embeddings(params, bb, tasks) -> dict:
+    from lopd.bank import embed_tasks
+
+    embs = embed_tasks(params.bank.embedder, bb, tasks)
+    return {t.task_id: e for t, e in zip(tasks, embs)}
+
+
+def stage_bank(params: Params) -> dict:
+    """Successful base-policy rollouts on train → the experience bank; retrieval precision on val."""
+    import torch
+
+    from lopd.bank import Experience, ExperienceBank, embed_tasks
+    from lopd.evaluate import make_envs
+    from lopd.rollout import rollout_batch
+    from lopd.utils import progress, seed_everything
+
+    bp = params.bank
+    bb = _load_bb(params)
+    seed_everything(bp.seed, params.model.torch_threads)
+    reader = data_mod.SplitReader(SPLITS_DIR, role="bank")
+    train, val = reader.load("train"), reader.load("val")
+    envs = make_envs(params)
+    gen = torch.Generator().manual_seed(bp.seed)
+    entries: list[Experience] = []
+    bb.mode("student")
+    bs = params.evaluate.batch_size
+    todo = [t for t in train for _ in range(bp.rollouts_per_task)]
+    seen: set[str] = set()
+    with progress() as prog:
+        task = prog.add_task("bank rollouts", total=len(todo), info="")
+        for i in range(0, len(todo), bs):
+            for r in rollout_batch(bb.model, bb.fmt, envs, todo[i:i + bs], max_new_tokens=params.evaluate.max_new_tokens,
+                                   max_len=params.model.max_seq_len, temperature=params.evaluate.temperature, generator=gen):
+                if r.reward >= bp.min_reward and r.finished and r.task.task_id not in seen:
+                    seen.add(r.task.task_id)  # one experience per task instance
+                    entries.append(Experience(r.task.task_id, r.task.domain, r.task.family, r.task.prompt, r.messages, r.reward))
+            prog.update(task, advance=len(todo[i:i + bs]), info=f"{len(entries)} successes")
+    if not entries:
+        from lopd.errors import RunFailed
+
+        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
+    emb = embed_tasks(bp.embedder, bb, [Experience_task(e) for e in entries])
+    bank = ExperienceBank(entries, emb, bp.embedder)
+    val_emb = embed_tasks(bp.embedder, bb, val)
+    precision = {bp.embedder: bank.precision(val, val_emb, params.train.n_ret)}
+    other = "minilm" if bp.embedder == "backbone" else "backbone"
+    try:  # measure the alternative embedder too, so the default is chosen on evidence
+        bank_o = ExperienceBank(entries, embed_tasks(other, bb, [Experience_task(e) for e in entries]), other)
+        precision[other] = bank_o.precision(val, embed_tasks(other, bb, val), params.train.n_ret)
+    except Exception as e:  # noqa: BLE001 - optional comparison; say why it is missing
+        precision[other] = {"error": f"{type(e).__name__}: {e}"}
+    manifest = bank.save(BANK_DIR, {"retrieval_precision_val": precision, "splits_read": list(data_mod.ACCESS_LOG)})
+    print(f"bank: {len(bank)} experiences {manifest['by_family']}; val retrieval precision {precision}")
+    return manifest
+
+
+def Experience_task(e):
+    from lopd.envs.base import Task
+
+    return Task(e.task_id, e.domain, e.family, e.prompt)
+
+
+def stage_cold_start(params: Params) -> dict:
+    from lopd.bank import ExperienceBank
+    from lopd.checkpoint import save_tensors
+    from lopd.cold_start import cold_start
+    from lopd.tracking import Tracker
+    from lopd.utils import progress
+
+    cp = params.cold_start
+    bb = _load_bb(params)
+    bank = ExperienceBank.load(BANK_DIR)
+    emb = _embeddings(params, bb, [Experience_task(e) for e in bank.entries])
+    tracker = Tracker(params.tracking, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
+                                                      "split": "train", "bank_mode": "relevant",
+                                                      "params_hash": params.section_hash("model", "bank", "cold_start")})
+    k_choices = sorted(set(params.hpo.k_choices) | {params.train.K})
+    with progress() as prog:
+        task = prog.add_task("composer cold start", total=cp.steps, info="")
+
+        def on_step(step, loss):
+            prog.update(task, advance=1, info=f"teacher NLL {loss:.3f}")
+            tracker.log_metrics({"cold_start_nll": loss}, step)
+
+        comp, losses = cold_start(bb, bank, emb, steps=cp.steps, batch_size=cp.batch_size, lr=cp.lr, k_choices=k_choices,
+                                  n_ret_max=cp.n_ret_max, k_max=cp.k_max, seed=cp.seed, on_step=on_step)
+    save_tensors(COLD_DIR / "phi0.safetensors", comp.state())
+    result = {"stage": "cold_start", "steps": cp.steps, "nll_first": losses[0], "nll_last": losses[-1],
+              "nll_last10_mean": sum(losses[-10:]) / len(losses[-10:]), "k_choices": k_choices,
+              "mlflow_run_id": tracker.run_id, "tracking": tracker.status}
+    tracker.end()
+    write_json(COLD_DIR / "result.json", result)
+    print(f"cold start: teacher NLL {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return result
+
+
+def load_resources(params: Params, role: str, need_bank: bool = True):
+    """Backbone, bank, φ0 and the train/val tasks shared by every run of a process."""
+    from lopd.bank import ExperienceBank
+    from lopd.checkpoint import load_tensors_verified
+    from lopd.evaluate import make_envs
+    from lopd.trainer import Resources
+
+    bb = _load_bb(params)
+    reader = data_mod.SplitReader(SPLITS_DIR, role=role)
+    train, val = reader.load("train"), reader.load("val")
+    bank = ExperienceBank.load(BANK_DIR) if need_bank else None
+    phi0 = load_tensors_verified(COLD_DIR / "phi0.safetensors") if need_bank else None
+    res = Resources(params=params, bb=bb, bank=bank, train_tasks=train, val_tasks=val, envs=make_envs(params),
+                    phi0=phi0, k_max=params.cold_start.k_max)
+    if need_bank:
+        res.task_emb = _embeddings(params, bb, train + val)
+    return res
+
+
+def selected_hparams(params: Params, arm) -> dict:
+    """m, K, n_ret chosen by the validation search (for arms that use them)."""
+    import yaml
+
+    if not (arm.use_selected and params.train.use_best_params):
+        return {}
+    path = HPO_DIR / "best_params.yaml"
+    if not path.exists():
+        from lopd.errors import BadInput
+
+        raise BadInput(f"{path} not found: run the hpo stage first, or set train.use_best_params: false")
+    best = yaml.safe_load(path.read_text()) or {}
+    return {k: best[k] for k in ("margin", "K", "n_ret") if k in best}
+
+
+def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
+            tags: dict | None = None, hp_over: dict | None = None, on_val=None, parent_run_id: str | None = None,
+            final_val: bool = True, world=None) -> dict:
+    """Train one arm with one seed; write result.json, history.csv and the weights to ``out_dir``."""
+    from lopd.arms import get_arm
+    from lopd.checkpoint import save_tensors
+    from lopd.tracking import Tracker, mark_stale_run
+    from lopd.trainer import HISTORY_COLUMNS, HParams, Trainer
+    from lopd.utils import progress, seed_everything, write_csv
+
+    arm = get_arm(arm_name)
+    hp = HParams.from_params(params, **{**selected_hparams(params, arm), **(hp_over or {})})
+    seed_everything(seed, params.model.torch_threads)
+    is_main = world is None or world.is_main
+    stale = None
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        rid = ckpt_dir / "mlflow_run_id"
+        if rid.exists() and is_main:
+            stale = rid.read_text().strip()
+            mark_stale_run(params.tracking, stale)
+    all_tags = {"stage": "train", "arm": arm_name, "seed": seed, "bank_mode": arm.bank_mode, "split": "train+val",
+                "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train"),
+                **(tags or {})}
+    if stale:
+        all_tags["resumed_from_run"] = stale
+    tracker = Tracker(params.tracking, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
+    if ckpt_dir is not None and tracker.run_id and is_main:
+        (ckpt_dir / "mlflow_run_id").write_text(tracker.run_id)
+    tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
+    t0 = time.time()
+    with progress() as prog:
+        bar = prog.add_task(f"train {arm_name} seed {seed}", total=hp.steps if arm.trains else 1, info="")
+
+        def on_progress(step, row):
+            prog.update(bar, completed=step, info=f"reward {row.get('reward') or 0:.2f} β {row.get('beta') or 0:.2f}")
+
+        trainer = Trainer(res, arm, hp, seed, tracker=tracker, ckpt_dir=ckpt_dir, on_val=on_val,
+                          progress=on_progress, world=world)
+        try:
+            info = trainer.fit()
+        except BaseException:
+            tracker.end("FAILED")
+            raise
+    final = trainer.validate(res.val_tasks) if final_val else trainer.last_val
+    result = {"arm": arm_name, "seed": seed, "hparams": hp.__dict__, "arm_switches": arm.to_dict(),
+              "val_reward": final, "final_train_reward": next((r["reward"] for r in reversed(trainer.history)
+                                                               if r.get("reward") is not None), None),
+              "steps": trainer.step, "rollouts_used": trainer.rollouts_used, "beta_final": trainer.beta,
+              "infeasible_margin": trainer.infeasible, "params_hash": all_tags["params_hash"],
+              "mlflow_run_id": tracker.run_id, "tracking": "ok" if tracker.ok else f"failed: {tracker.error}",
+              "resumed_from_step": info["resumed_from_step"]}
+    # result.json must be identical whether or not the run was resumed: timings and run ids go to meta.json
+    meta = {"mlflow_run_id": tracker.run_id, "tracking": result.pop("tracking"), "seconds": round(time.time() - t0, 1),
+            "resumed_from_step": result.pop("resumed_from_step"), "resumed_from_run": stale}
+    result.pop("mlflow_run_id")
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_tensors(out_dir / "student.safetensors", res.bb.adapter_state("student"))
+        if trainer.composer is not None:
+            save_tensors(out_dir / "composer.safetensors", trainer.composer.state())
+        hist = [{k: (v if k != "seconds" else None) for k, v in r.items()} for r in trainer.history]
+        write_csv(out_dir / "history.csv", hist, [c for c in HISTORY_COLUMNS if c != "seconds"])
+        write_json(out_dir / "meta.json", meta)
+        write_json(out_dir / "result.json", result)
+    tracker.log_metrics({"final_val_reward": final}, trainer.step)
+    tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
+    tracker.end()
+    if ckpt_dir is not None and is_main:
+        import shutil
+
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
+    return {**result, **meta}
+
+
+def stage_train(params: Params, arm: str, seed: int, out: str | None = None) -> dict:
+    from lopd.arms import get_arm
+
+    spec = get_arm(arm)
+    if seed not in params.train.seeds and out is None:
+        from lopd.errors import BadInput
+
+        raise BadInput(f"seed {seed} is not in train.seeds {params.train.seeds}")
+    res = load_resources(params, role="train", need_bank=spec.context != "none")
+    out_dir = Path(out) if out else RUNS_DIR / f"{arm}-{seed}"
+    r = run_arm(params, res, arm, seed, out_dir, ckpt_dir=CKPT_DIR / f"{arm}-{seed}")
+    print(f"{arm} seed {seed}: val reward {r['val_reward']:.3f} in {r['seconds']} s")
+    return r
+
+
+def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
+    """The only stage that reads the test split: the trained student alone, no retrieval."""
+    from lopd.arms import get_arm
+    from lopd.checkpoint import load_tensors_verified
+    from lopd.evaluate import evaluate_policy, make_envs
+    from lopd.tracking import Tracker
+
+    get_arm(arm)
+    run_dir = RUNS_DIR / f"{arm}-{seed}"
+    if not (run_dir / "result.json").exists():
+        from lopd.errors import BadInput
+
+        raise BadInput(f"no finished run at {run_dir} (train {arm} seed {seed} first)")
+    bb = _load_bb(params)
+    bb.load_adapter_state("student", load_tensors_verified(run_dir / "student.safetensors"))
+    test = data_mod.SplitReader(SPLITS_DIR, role="evaluate").load("test")
+    ev = params.evaluate
+    bb.mode("student")
+    res = evaluate_policy(bb.model, bb.fmt, make_envs(params), test, max_new_tokens=ev.max_new_tokens,
+                          max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
+                          temperature=ev.temperature, seed=20_000 + seed)
+    tracker = Tracker(params.tracking, f"eval-{arm}-{seed}", {"stage": "evaluate", "arm": arm, "seed": seed,
+                                                              "split": "test", "bank_mode": "none",
+                                                              "params_hash": params.section_hash()})
+    tracker.log_metrics({"test_reward": res["mean"], **{f"test_reward_{d}": v for d, v in res["by_domain"].items()}}, 0)
+    tracker.end()
+    out = EVAL_DIR / f"{arm}-{seed}"
+    write_json(out / "per_task.json", res["per_task"])
+    result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
+              "n_tasks": len(test), "splits_read": list(data_mod.ACCESS_LOG)}
+    write_json(out / "result.json", result)
+    print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
+    return result
+
+
+def stage_probe(params: Params) -> dict:
+    """The privilege probe on successful val rollouts of the base policy."""
+    import torch
+
+    from lopd.checkpoint import load_tensors_verified
+    from lopd.cold_start import privilege_probe
+    from lopd.model.composer import Composer
+    from lopd.rollout import rollout_batch
+
+    res = load_resources(params, role="probe")
+    comp = Composer(res.bb, res.k_max)
+    comp.load_state(load_tensors_verified(COLD_DIR / "phi0.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    res.bb.mode("student")
+    rolls = []
+    for _ in range(2):
+        rolls += rollout_batch(res.bb.model, res.bb.fmt, res.envs, res.val_tasks, max_new_tokens=params.evaluate.max_new_tokens,
+                               max_len=params.model.max_seq_len, temperature=params.evaluate.temperature, generator=gen)
+    out = privilege_probe(res.bb, comp, res.bank, rolls, res.task_emb, K=params.train.K, n_ret=params.train.n_ret,
+                          seeds=[0, 1, 2])
+    out["splits_read"] = list(data_mod.ACCESS_LOG)
+    write_json(Path("results/probe/result.json"), out)
+    print("privilege probe (mean δ on successful val trajectories):",
+          {k: round(v["mean_delta"], 4) for k, v in out.get("by_mode", {}).items()})
+    return out

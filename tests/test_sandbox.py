@@ -120,8 +120,11 @@ def test_memory_bomb(task):
 def test_deep_recursion():
     r = assert_not_ok("def f(x):\n    return f(x + 1)")
     assert r.status == "error" and "RecursionError" in r.detail
-    # raising the limit only trades the exception for a crash
-    assert_not_ok("import sys\nsys.setrecursionlimit(10**7)\ndef f(x):\n    return f(x + 1)", timeout_s=3)
+    assert_not_ok("import sys\nsys.setrecursionlimit(10**5)\ndef f(x):\n    return f(x + 1)", timeout_s=3)
+    # raising the limit only trades the exception for a crash of the child (C stack)
+    code = ("import sys\nsys.setrecursionlimit(10**7)\ndef f(x):\n    l = []\n"
+            "    for _ in range(10**6):\n        l = [l]\n    return repr(l)")
+    assert_not_ok(code, timeout_s=3)
 
 
 def test_write_outside_refused(tmp_path, task):

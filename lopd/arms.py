@@ -1,0 +1,54 @@
+"""The arm registry: every method compared is a set of switches on the one trainer loop.
+
+The CLI, params validation, ``dvc.yaml`` and the report all read :data:`ARMS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from lopd.errors import BadInput
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    name: str
+    trains: bool = True  # False: evaluation only (the base policy)
+    objective: Literal["none", "sft", "grpo", "kd"] = "kd"  # what θ minimises
+    context: Literal["none", "latent", "text"] = "latent"  # what the teacher is conditioned on
+    bank_mode: Literal["relevant", "shuffled", "unrelated", "none"] = "relevant"
+    train_composer: bool = True  # φ updated (else frozen at the cold-start φ0)
+    margin: bool = True  # the privilege-margin constraint with dual variable β
+    grouped: bool = False  # GRPO groups of G rollouts per task
+    use_selected: bool = True  # take m, K, n_ret from the validation search
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ARMS: dict[str, ArmSpec] = {
+    a.name: a
+    for a in [
+        ArmSpec("base", trains=False, objective="none", context="none", bank_mode="none", train_composer=False,
+                margin=False, use_selected=False, description="base policy, no training"),
+        ArmSpec("sft", objective="sft", context="none", bank_mode="none", train_composer=False, margin=False,
+                use_selected=False, description="rejection-sampling fine-tuning on the student's own successes"),
+        ArmSpec("grpo", objective="grpo", context="none", bank_mode="none", train_composer=False, margin=False,
+                grouped=True, use_selected=False, description="GRPO: group-normalised advantages, no KL"),
+        ArmSpec("opsd_text", context="text", train_composer=False, margin=False,
+                description="on-policy self-distillation, teacher reads retrieved trajectories as text"),
+        ArmSpec("lopd_frozen", train_composer=False, margin=False, description="LOPD with the composer fixed at φ0"),
+        ArmSpec("lopd_nomargin", margin=False, description="LOPD joint optimisation with m = 0 and β = 0"),
+        ArmSpec("lopd", description="LOPD: joint θ/φ with the privilege-margin constraint"),
+        ArmSpec("lopd_shuffled", bank_mode="shuffled", description="control: task→trajectory pairing permuted"),
+        ArmSpec("lopd_unrelated", bank_mode="unrelated", description="control: trajectories of another domain"),
+    ]
+}
+
+
+def get_arm(name: str) -> ArmSpec:
+    if name not in ARMS:
+        raise BadInput(f"unknown arm {name!r}; known arms: {', '.join(ARMS)}")
+    return ARMS[name]

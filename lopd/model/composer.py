@@ -1,0 +1,102 @@
+"""The latent composer Φ_φ.
+
+Each retrieved experience (token ids of a successful trajectory) is encoded by the shared
+backbone with the ``composer`` LoRA adapter; a QFormer-style block with ``K`` learned query
+vectors compresses the encoder's last hidden states into ``K`` latent tokens in the
+backbone's input-embedding space:
+
+    q ← Q[:K]                                  (learned queries)
+    q ← q + CrossAttn(LN(q), H, H)             (read the experience)
+    q ← q + SelfAttn(LN(q))                    (queries exchange information)
+    q ← q + MLP(LN(q))
+    z ← s · Proj(LN(q))                        (into embedding space; s starts at the
+                                                 RMS of the token embeddings)
+
+``c_φ`` concatenates the ``n_ret`` experiences' latents: ``(N, n_ret·K, d)``.
+
+φ = the ``composer`` LoRA weights + this block's weights. The block holds ``k_max`` queries
+and a run uses the first ``K``; the cold start samples ``K`` per batch so that every prefix
+is trained ("nested queries"), which lets the validation search vary ``K`` without a new
+cold start per trial.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lopd.rollout import pad_sequences
+
+
+class QFormerBlock(nn.Module):
+    def __init__(self, d: int, k_max: int, n_heads: int = 4, emb_rms: float = 1.0):
+        super().__init__()
+        n_heads = max(h for h in range(1, n_heads + 1) if d % h == 0)
+        self.k_max = k_max
+        self.queries = nn.Parameter(torch.randn(k_max, d) * 0.02)
+        self.ln_q = nn.LayerNorm(d)
+        self.ln_kv = nn.LayerNorm(d)
+        self.cross = nn.MultiheadAttention(d, n_heads, batch_first=True)
+        self.ln_s = nn.LayerNorm(d)
+        self.self_attn = nn.MultiheadAttention(d, n_heads, batch_first=True)
+        self.ln_m = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.ln_out = nn.LayerNorm(d)
+        self.proj = nn.Linear(d, d)
+        self.scale = nn.Parameter(torch.tensor(float(emb_rms)))
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, K: int) -> torch.Tensor:
+        """hidden (n, S, d), mask (n, S) with 1 on real tokens → latents (n, K, d)."""
+        if not 1 <= K <= self.k_max:
+            raise ValueError(f"K={K} outside 1..{self.k_max} (the composer's k_max)")
+        n = hidden.shape[0]
+        q = self.queries[:K].unsqueeze(0).expand(n, K, -1)
+        kv = self.ln_kv(hidden)
+        q = q + self.cross(self.ln_q(q), kv, kv, key_padding_mask=mask == 0, need_weights=False)[0]
+        s = self.ln_s(q)
+        q = q + self.self_attn(s, s, s, need_weights=False)[0]
+        q = q + self.mlp(self.ln_m(q))
+        return self.scale * self.proj(self.ln_out(q))
+
+
+class Composer(nn.Module):
+    """Encodes retrieved experiences with the backbone (``composer`` adapter) + the block."""
+
+    def __init__(self, bb, k_max: int):
+        super().__init__()
+        with torch.no_grad():
+            emb_rms = float(bb.model.get_input_embeddings().weight.float().pow(2).mean().sqrt())
+        self.block = QFormerBlock(bb.hidden_size, k_max, emb_rms=emb_rms).to(bb.device)
+        self.bb = bb
+
+    def phi_params(self) -> list[nn.Parameter]:
+        return list(self.block.parameters()) + self.bb.adapter_params("composer")
+
+    def forward(self, experiences: list[list[list[int]]], K: int) -> torch.Tensor:
+        """``experiences[i]`` = the n_ret token-id lists retrieved for task i → c_φ (N, n_ret·K, d)."""
+        n_ret = {len(e) for e in experiences}
+        if len(n_ret) != 1:
+            raise ValueError(f"every task needs the same number of experiences, got {sorted(n_ret)}")
+        n_ret = n_ret.pop()
+        N = len(experiences)
+        flat = [x for e in experiences for x in e]
+        ids, mask = pad_sequences(flat, self.bb.fmt.pad_id, self.bb.device)
+        h = self.bb.hidden_states(ids, mask, role="composer")
+        z = self.block(h.to(self.block.queries.dtype), mask, K)  # (N·n_ret, K, d)
+        return z.reshape(N, n_ret * K, -1)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        st = {f"block.{k}": v.detach().cpu().clone() for k, v in self.block.state_dict().items()}
+        st.update({f"lora.{k}": v for k, v in self.bb.adapter_state("composer").items()})
+        return st
+
+    def load_state(self, st: dict[str, torch.Tensor]) -> None:
+        block = {k[len("block."):]: v for k, v in st.items() if k.startswith("block.")}
+        lora = {k[len("lora."):]: v for k, v in st.items() if k.startswith("lora.")}
+        try:
+            self.block.load_state_dict(block)
+        except RuntimeError as e:
+            from lopd.errors import BadInput
+
+            raise BadInput(f"composer weights do not fit this model: {str(e).splitlines()[0]}") from None
+        self.bb.load_adapter_state("composer", lora)

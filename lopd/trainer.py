@@ -1,0 +1,408 @@
+"""The one training loop. Every arm (:mod:`lopd.arms`) is a set of switches on it.
+
+One step:
+
+1. roll the student out on a batch of train tasks (``G`` rollouts per task for GRPO, one
+   otherwise; every arm consumes ``train.tasks_per_step`` rollouts per step, so equal steps
+   are equal rollout budgets);
+2. by objective —
+   * ``sft``: NLL of the student's own successful rollouts (reward = 1);
+   * ``grpo``: group-normalised advantages, token-level policy-gradient surrogate, no KL;
+   * ``kd``: retrieve experiences, condition the frozen teacher on them (latents ``c_φ`` from
+     the composer, or raw text for ``opsd_text``), and minimise the reverse KL
+     ``KL(π_S ‖ π_T)`` over the teacher's top-M support plus a tail bucket at every
+     student-generated token. For LOPD ``φ`` also minimises ``β·(m − Δ(φ))`` and the anchor
+     ``λ‖c_φ − c_φ0‖²``; after the step ``β ← max(0, β + η_β (m − Δ))``;
+3. log ``reward, kd_loss, delta_phi, beta, margin_sat_frac, anchor, tail_mass,
+   rollouts_used`` (and ``val_reward`` every ``val_every`` steps) to ``history`` and MLflow;
+4. checkpoint every ``checkpoint_every`` steps (resumable after a kill).
+
+Gradient routing: the teacher is the base model with adapters disabled (base weights are
+frozen), so θ (student LoRA) only receives the distillation gradient, and the margin and
+anchor terms — functions of the teacher's log-probs given ``c_φ`` and of ``c_φ`` itself —
+only reach φ. One backward pass over ``kd + β(m−Δ) + anchor`` therefore gives each
+parameter group exactly its objective's gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from lopd import objectives as obj
+from lopd.arms import ArmSpec
+from lopd.bank import ExperienceBank
+from lopd.checkpoint import load_checkpoint, save_checkpoint
+from lopd.envs.base import Task
+from lopd.errors import RunFailed
+from lopd.evaluate import evaluate_policy
+from lopd.model.backbone import Backbone
+from lopd.model.composer import Composer
+from lopd.rollout import collate, pad_sequences, rollout_batch
+
+HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
+                   "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
+
+
+@dataclass
+class HParams:
+    """The hyper-parameters of one run (train params with the selected m, K, n_ret applied)."""
+
+    steps: int
+    tasks_per_step: int
+    group_size: int
+    lr_student: float
+    lr_composer: float
+    margin: float
+    K: int
+    n_ret: int
+    lambda_anchor: float
+    eta_beta: float
+    beta_init: float
+    top_m: int
+    support: str
+    temperature: float
+    val_every: int
+    val_tasks: int
+    checkpoint_every: int
+    beta_max: float
+    infeasible_patience: int
+    max_new_tokens: int
+    max_len: int
+
+    @classmethod
+    def from_params(cls, params, **over) -> "HParams":
+        tp = params.train
+        d = dict(steps=tp.steps, tasks_per_step=tp.tasks_per_step, group_size=tp.group_size,
+                 lr_student=tp.lr_student, lr_composer=tp.lr_composer, margin=tp.margin, K=tp.K, n_ret=tp.n_ret,
+                 lambda_anchor=tp.lambda_anchor, eta_beta=tp.eta_beta, beta_init=tp.beta_init, top_m=tp.top_m,
+                 support=tp.support, temperature=tp.temperature, val_every=tp.val_every, val_tasks=tp.val_tasks,
+                 checkpoint_every=tp.checkpoint_every, beta_max=tp.beta_max,
+                 infeasible_patience=tp.infeasible_patience, max_new_tokens=params.evaluate.max_new_tokens,
+                 max_len=params.model.max_seq_len)
+        if tp.rollout_budget is not None:
+            d["steps"] = max(1, tp.rollout_budget // tp.tasks_per_step)
+        d.update({k: v for k, v in over.items() if v is not None})
+        return cls(**d)
+
+
+@dataclass
+class Resources:
+    """What every run of a process shares: the backbone, the bank, the tasks, φ0."""
+
+    params: Any
+    bb: Backbone
+    bank: ExperienceBank | None
+    train_tasks: list[Task]
+    val_tasks: list[Task]
+    envs: dict
+    phi0: dict[str, torch.Tensor] | None
+    k_max: int
+    task_emb: dict[str, np.ndarray] = field(default_factory=dict)
+    student_init: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.student_init = self.bb.adapter_state("student")
+
+
+def _rng_state(py: random.Random, gen: torch.Generator) -> dict:
+    return {"py": py.getstate(), "torch_gen": gen.get_state(), "torch": torch.get_rng_state(),
+            "np": np.random.get_state()}
+
+
+def _set_rng_state(st: dict, py: random.Random, gen: torch.Generator) -> None:
+    py.setstate(st["py"])
+    gen.set_state(st["torch_gen"])
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["np"])
+
+
+class Trainer:
+    def __init__(self, res: Resources, arm: ArmSpec, hp: HParams, seed: int, *, tracker=None,
+                 ckpt_dir: Path | None = None, on_val: Callable[[int, float], None] | None = None,
+                 progress: Callable[[int, dict], None] | None = None, world=None):
+        self.res, self.arm, self.hp, self.seed = res, arm, hp, seed
+        self.bb = res.bb
+        self.tracker = tracker
+        self.ckpt_dir = ckpt_dir
+        self.on_val = on_val
+        self.progress = progress
+        self.world = world  # optional distributed helper (lopd.distributed)
+        if arm.objective == "kd" and arm.context != "none":
+            if res.bank is None:
+                raise RunFailed(f"arm {arm.name} needs the experience bank")
+            if hp.n_ret > len(res.bank):
+                from lopd.errors import BadInput
+
+                raise BadInput(f"n_ret={hp.n_ret} is larger than the experience bank ({len(res.bank)} experiences)")
+        if arm.grouped and hp.tasks_per_step % hp.group_size:
+            from lopd.errors import BadInput
+
+            raise BadInput(f"train.tasks_per_step ({hp.tasks_per_step}) must be a multiple of train.group_size "
+                           f"({hp.group_size}) for GRPO")
+        # fresh adapters for this run: student from its init, composer from φ0
+        torch.manual_seed(seed)
+        self.bb.load_adapter_state("student", res.student_init)
+        self.composer: Composer | None = None
+        if arm.context == "latent":
+            self.composer = Composer(self.bb, res.k_max)
+            if res.phi0 is None:
+                raise RunFailed(f"arm {arm.name} needs the cold-started composer φ0")
+            self.composer.load_state(res.phi0)
+            for p in self.composer.phi_params():
+                p.requires_grad_(arm.train_composer)
+        self.theta = self.bb.adapter_params("student")
+        self.opt_theta = torch.optim.AdamW(self.theta, lr=hp.lr_student, weight_decay=0.0)
+        self.phi = self.composer.phi_params() if (self.composer is not None and arm.train_composer) else []
+        self.opt_phi = torch.optim.AdamW(self.phi, lr=hp.lr_composer, weight_decay=0.0) if self.phi else None
+        self.beta = hp.beta_init if arm.margin else 0.0
+        self.margin = hp.margin if arm.margin else 0.0
+        self.step = 0
+        self.rollouts_used = 0
+        self.history: list[dict] = []
+        self.py_rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.infeasible_streak = 0
+        self.infeasible = False
+        self.last_val: float | None = None
+        self._ctx_cache: dict[str, list[list[int]]] = {}
+        self._c0_cache: dict[str, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ context
+    def experiences_for(self, task: Task) -> list[list[int]]:
+        """Token ids of the n_ret experiences retrieved for ``task`` under the arm's bank mode."""
+        if task.task_id not in self._ctx_cache:
+            q = self.res.task_emb[task.task_id]
+            exps = self.res.bank.retrieve(task, q, self.hp.n_ret, self.arm.bank_mode, seed=self.seed)
+            self._ctx_cache[task.task_id] = [self.bb.fmt.experience_ids(e.messages) for e in exps]
+        return self._ctx_cache[task.task_id]
+
+    def teacher_prefix(self, tasks: list[Task]):
+        """(prefix, prefix_mask, c_phi, c_phi0, latent) for the teacher of each task."""
+        if self.arm.context == "text":
+            ctx = [self.bb.fmt.context_ids([]) + [i for e in self.experiences_for(t) for i in self.bb.fmt.exp + e]
+                   for t in tasks]
+            ids, mask = pad_sequences(ctx, self.bb.fmt.pad_id, self.bb.device, left=True)
+            with torch.no_grad():
+                emb = self.bb.embed(ids)
+            return emb, mask, None, None, False
+        exps = [self.experiences_for(t) for t in tasks]
+        c_phi = self.composer(exps, self.hp.K)
+        if not self.arm.train_composer:
+            c_phi = c_phi.detach()
+        c0 = torch.stack([self._c0(t) for t in tasks])
+        mask = torch.ones(c_phi.shape[:2], dtype=torch.long, device=c_phi.device)
+        return c_phi, mask, c_phi, c0, True
+
+    def _c0(self, task: Task) -> torch.Tensor:
+        """c_φ0 of ``task``: the cold-started composer's latents, computed once before training."""
+        if task.task_id not in self._c0_cache:
+            raise RuntimeError("c_phi0 cache not primed")
+        return self._c0_cache[task.task_id]
+
+    def prime_c0(self, tasks: list[Task]) -> None:
+        if self.composer is None:
+            return
+        with torch.no_grad():
+            for i in range(0, len(tasks), 64):
+                chunk = tasks[i:i + 64]
+                c = self.composer([self.experiences_for(t) for t in chunk], self.hp.K)
+                for t, ci in zip(chunk, c):
+                    self._c0_cache[t.task_id] = ci.detach().clone()
+
+    # ------------------------------------------------------------------ one step
+    def sample_tasks(self) -> list[Task]:
+        hp = self.hp
+        if self.arm.grouped:
+            base = self.py_rng.sample(self.res.train_tasks, hp.tasks_per_step // hp.group_size)
+            return [t for t in base for _ in range(hp.group_size)]
+        return self.py_rng.sample(self.res.train_tasks, hp.tasks_per_step)
+
+    def train_step(self) -> dict:
+        hp, arm, bb = self.hp, self.arm, self.bb
+        t0 = time.time()
+        tasks = self.sample_tasks()
+        bb.mode("student")
+        bb.model.eval()
+        rollouts = rollout_batch(bb.model, bb.fmt, self.res.envs, tasks, max_new_tokens=hp.max_new_tokens,
+                                 max_len=hp.max_len, greedy=False, temperature=hp.temperature, generator=self.gen)
+        bb.model.train()
+        self.rollouts_used += len(rollouts)
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=bb.device)
+        ids, attn, mask = collate(rollouts, bb.fmt.pad_id, bb.device)
+        targets = ids[:, 1:]
+        m: dict[str, float] = {"reward": float(rewards.mean()), "n_supervised": float(mask.sum())}
+        loss = None
+        if arm.objective == "sft":
+            w = (rewards >= 1.0).float()
+            if w.sum() > 0:
+                logits = bb.logits(ids, attn, "student")[:, :-1]
+                loss = obj.sft_loss(obj.token_logprobs(logits, targets), mask, weights=w)
+        elif arm.objective == "grpo":
+            adv = obj.grpo_advantages(rewards.view(-1, hp.group_size)).view(-1)
+            if adv.abs().sum() > 0:
+                logits = bb.logits(ids, attn, "student")[:, :-1]
+                loss = obj.policy_gradient_loss(obj.token_logprobs(logits, targets), adv, mask)
+        elif arm.objective == "kd":
+            loss = self._kd_loss(tasks, ids, attn, targets, mask, rewards, m)
+        m["loss"] = float(loss) if loss is not None else 0.0
+        if loss is not None:
+            if not torch.isfinite(loss):
+                raise RunFailed(f"non-finite loss ({float(loss)}) at step {self.step + 1} of {arm.name} seed "
+                                f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
+            self.opt_theta.zero_grad(set_to_none=True)
+            if self.opt_phi:
+                self.opt_phi.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.world is not None:
+                self.world.all_reduce_grads(self.theta + self.phi)
+            torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
+            self.opt_theta.step()
+            if self.opt_phi:
+                torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
+                self.opt_phi.step()
+        # dual ascent on β (φ's constraint Δ(φ) ≥ m), after the primal step
+        if arm.margin and arm.train_composer and m.get("delta_weight", 0.0) > 0:
+            d = m["delta_phi"]
+            if self.world is not None:
+                d = self.world.mean_scalar(d)
+                m["delta_phi"] = d
+            self.beta = obj.dual_update(self.beta, self.margin, d, hp.eta_beta)
+        m["beta"] = self.beta
+        self._feasibility(m)
+        self.step += 1
+        m.update(step=self.step, rollouts_used=self.rollouts_used, seconds=time.time() - t0)
+        m.pop("delta_weight", None)
+        return m
+
+    def _kd_loss(self, tasks, ids, attn, targets, mask, rewards, m) -> torch.Tensor:
+        hp, bb = self.hp, self.bb
+        student_logits = bb.logits(ids, attn, "student")[:, :-1]
+        prefix, pmask, c_phi, c0, latent = self.teacher_prefix(tasks)
+        if latent and not self.arm.train_composer:
+            with torch.no_grad():
+                teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1]
+        elif latent:
+            teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1]
+        else:
+            with torch.no_grad():
+                teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=False)[:, :-1]
+        s_logp = torch.log_softmax(student_logits.float(), -1)
+        t_logp = torch.log_softmax(teacher_logits.float(), -1)
+        kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
+        s_tok = s_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        delta = obj.token_delta(t_tok, s_tok)
+        delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
+        m.update(kd_loss=float(kl.loss), tail_mass=float(kl.tail_mass), delta_weight=weight,
+                 delta_phi=float(delta_phi) if weight > 0 else float("nan"),
+                 margin_sat_frac=obj.margin_sat_frac(delta.detach(), mask, self.margin))
+        loss = kl.loss
+        if c_phi is not None and self.arm.train_composer:
+            anchor = obj.anchor_loss(c_phi, c0, hp.lambda_anchor)
+            m["anchor"] = float(anchor)
+            loss = loss + anchor
+            if self.arm.margin and weight > 0:
+                loss = loss + obj.margin_penalty(self.beta, self.margin, delta_phi)
+        elif c_phi is not None:
+            m["anchor"] = float(obj.anchor_loss(c_phi, c0, hp.lambda_anchor))
+        return loss
+
+    def _feasibility(self, m: dict) -> None:
+        if not (self.arm.margin and self.arm.train_composer):
+            return
+        d = m.get("delta_phi")
+        below = d is not None and not math.isnan(d) and d < self.margin
+        self.infeasible_streak = self.infeasible_streak + 1 if below else 0
+        if self.beta > self.hp.beta_max or self.infeasible_streak >= self.hp.infeasible_patience:
+            if not self.infeasible and self.tracker is not None:
+                self.tracker.set_tag("infeasible_margin", "true")
+            self.infeasible = True
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, tasks: list[Task] | None = None) -> float:
+        tasks = tasks if tasks is not None else self.res.val_tasks[: self.hp.val_tasks]
+        ev = self.res.params.evaluate
+        self.bb.mode("student")
+        res = evaluate_policy(self.bb.model, self.bb.fmt, self.res.envs, tasks, max_new_tokens=self.hp.max_new_tokens,
+                              max_len=self.hp.max_len, batch_size=ev.batch_size, greedy=ev.greedy,
+                              temperature=ev.temperature, seed=10_000 + self.seed)
+        self.bb.model.train()
+        return res["mean"] if tasks is not None and len(tasks) else float("nan")
+
+    # ------------------------------------------------------------------ checkpoints
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        t = {f"student.{k}": v for k, v in self.bb.adapter_state("student").items()}
+        if self.composer is not None:
+            t.update({f"composer.{k}": v for k, v in self.composer.state().items()})
+        return t
+
+    def save(self, extra: dict | None = None) -> None:
+        if self.ckpt_dir is None or (self.world is not None and not self.world.is_main):
+            return
+        state = {"step": self.step, "rollouts_used": self.rollouts_used, "beta": self.beta,
+                 "history": self.history, "opt_theta": self.opt_theta.state_dict(),
+                 "opt_phi": self.opt_phi.state_dict() if self.opt_phi else None,
+                 "rng": _rng_state(self.py_rng, self.gen), "infeasible_streak": self.infeasible_streak,
+                 "infeasible": self.infeasible, "last_val": self.last_val, **(extra or {})}
+        save_checkpoint(self.ckpt_dir, self._tensors(), state)
+
+    def restore(self) -> dict | None:
+        if self.ckpt_dir is None or not (Path(self.ckpt_dir) / "meta.json").exists():
+            return None
+        tensors, state = load_checkpoint(self.ckpt_dir)
+        self.bb.load_adapter_state("student", {k[8:]: v for k, v in tensors.items() if k.startswith("student.")})
+        if self.composer is not None:
+            self.composer.load_state({k[9:]: v for k, v in tensors.items() if k.startswith("composer.")})
+        self.opt_theta.load_state_dict(state["opt_theta"])
+        if self.opt_phi and state["opt_phi"]:
+            self.opt_phi.load_state_dict(state["opt_phi"])
+        self.step, self.rollouts_used, self.beta = state["step"], state["rollouts_used"], state["beta"]
+        self.history = state["history"]
+        self.infeasible_streak, self.infeasible, self.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
+        _set_rng_state(state["rng"], self.py_rng, self.gen)
+        return state
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
+        hp = self.hp
+        if self.composer is not None:
+            self.prime_c0(self.res.train_tasks)
+        resumed = self.restore() if self.arm.trains else None
+        if self.arm.trains and self.step == 0:
+            self._record(self._val_row(0))
+        while self.arm.trains and self.step < hp.steps:
+            row = self.train_step()
+            if self.step % hp.val_every == 0 or self.step == hp.steps:
+                row["val_reward"] = self.validate()
+                self.last_val = row["val_reward"]
+                if self.on_val is not None:
+                    self.on_val(self.step, row["val_reward"])
+            self._record(row)
+            if self.progress is not None:
+                self.progress(self.step, row)
+            if self.step % hp.checkpoint_every == 0 or self.step == hp.steps:
+                self.save()
+        if self.tracker is not None:
+            self.tracker.flush()
+        return {"resumed_from_step": resumed["step"] if resumed else 0}
+
+    def _val_row(self, step: int) -> dict:
+        v = self.validate()
+        self.last_val = v
+        return {"step": step, "rollouts_used": self.rollouts_used, "beta": self.beta, "val_reward": v}
+
+    def _record(self, row: dict) -> None:
+        row = {k: row.get(k) for k in HISTORY_COLUMNS}
+        row["seconds"] = round(row["seconds"], 3) if row.get("seconds") is not None else None
+        self.history.append(row)
+        if self.tracker is not None:
+            self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("step", "seconds")}, row["step"])
