@@ -13,6 +13,7 @@ masked out afterwards.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -113,6 +114,9 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
                 obs = res.observation if res.observation is not None else ""
                 msgs[i].append(("obs", obs))
                 queues[i].extend(fmt.obs_ids(obs))
+    # score every episode; sandboxed programs run concurrently (each is its own process)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        rewards = list(pool.map(lambda ep: float(ep.reward()), episodes))
     out_rollouts = []
     for i, t in enumerate(tasks):
         # trim trailing padding (everything after the last real token)
@@ -120,7 +124,7 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
         if done[i]:
             n = len(seqs[i]) - next(j for j, tok in enumerate(reversed(seqs[i])) if tok == fmt.end_id)
         out_rollouts.append(Rollout(task=t, messages=msgs[i], ids=seqs[i][:n], gen_mask=gmask[i][:n],
-                                    reward=float(episodes[i].reward()), n_generated=n_gen[i], finished=done[i]))
+                                    reward=rewards[i], n_generated=n_gen[i], finished=done[i]))
     return out_rollouts
 
 

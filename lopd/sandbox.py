@@ -470,11 +470,12 @@ def run_calls(code: str, fn_name: str, calls: list[list], *, timeout_s: float = 
         err_r = _Reader(proc.stderr, _STDERR_CAP, on_flood, keep_tail=True)
         out_r.start()
         err_r.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        # Popen.wait(timeout) polls with sleeps (up to 50 ms of latency per call); a waiter
+        # thread wakes the join the moment the child exits.
+        waiter = threading.Thread(target=proc.wait, daemon=True)
+        waiter.start()
+        waiter.join(timeout=timeout_s)
+        timed_out = waiter.is_alive()
         _kill_group(proc)  # the run is over either way; nothing may outlive it
         proc.wait()
         out_r.join(timeout=2.0)

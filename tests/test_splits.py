@@ -1,0 +1,172 @@
+"""Sealed splits: disjoint, deterministic, hash-checked, and test readable only by 'evaluate'."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lopd import data as data_mod
+from lopd.config import parse_params
+from lopd.data import SPLITS, SplitReader, generate_splits, sha256_file, write_splits
+from lopd.envs.base import Task
+from lopd.errors import BadInput, SplitAccessError
+
+COUNTS = {"train": 12, "val": 6, "test": 8}
+
+
+@pytest.fixture(scope="module")
+def params():
+    return parse_params({"envs": {"n_train": COUNTS["train"], "n_val": COUNTS["val"], "n_test": COUNTS["test"],
+                                  "seed": 5}})
+
+
+@pytest.fixture()
+def root(tmp_path, params):
+    d = tmp_path / "splits"
+    write_splits(d, generate_splits(params.envs))
+    return d
+
+
+def test_counts_and_domains(params):
+    splits = generate_splits(params.envs)
+    assert set(splits) == set(SPLITS)
+    for s in SPLITS:
+        ts = splits[s]
+        assert len(ts) == COUNTS[s] * len(params.envs.domains)
+        assert {t.domain for t in ts} == {"tool", "code"}
+        assert sum(t.domain == "tool" for t in ts) == COUNTS[s]
+
+
+def test_disjoint_by_task_id(params):
+    splits = generate_splits(params.envs)
+    ids = {s: [t.task_id for t in splits[s]] for s in SPLITS}
+    for s in SPLITS:
+        assert len(set(ids[s])) == len(ids[s])
+    assert not set(ids["train"]) & set(ids["val"])
+    assert not set(ids["train"]) & set(ids["test"])
+    assert not set(ids["val"]) & set(ids["test"])
+
+
+def test_generation_deterministic(params):
+    a, b = generate_splits(params.envs), generate_splits(params.envs)
+    assert {s: [t.to_json() for t in a[s]] for s in SPLITS} == {s: [t.to_json() for t in b[s]] for s in SPLITS}
+    other = parse_params({"envs": {**params.envs.model_dump(), "seed": 6}})
+    c = generate_splits(other.envs)
+    assert [t.to_json() for t in c["train"]] != [t.to_json() for t in a["train"]]
+
+
+def test_written_files_identical(tmp_path, params):
+    m1 = write_splits(tmp_path / "a", generate_splits(params.envs))
+    m2 = write_splits(tmp_path / "b", generate_splits(params.envs))
+    assert m1 == m2
+    for s in SPLITS:
+        assert (tmp_path / "a" / f"{s}.jsonl").read_bytes() == (tmp_path / "b" / f"{s}.jsonl").read_bytes()
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
+    # rewriting in place gives the same bytes too
+    m3 = write_splits(tmp_path / "a", generate_splits(params.envs))
+    assert m3 == m1
+
+
+def test_manifest_hashes_match(root):
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert set(manifest["files"]) == set(SPLITS)
+    for s in SPLITS:
+        e = manifest["files"][s]
+        path = root / e["path"]
+        assert e["path"] == f"{s}.jsonl"
+        assert e["sha256"] == sha256_file(path)
+        assert len(e["sha256"]) == 64
+        assert e["n"] == len(path.read_text().splitlines()) == 2 * COUNTS[s]
+    assert not list(root.glob("*.tmp"))
+
+
+def test_round_trip(root, params):
+    splits = generate_splits(params.envs)
+    r = SplitReader(root, role="train")
+    for s in ("train", "val"):
+        loaded = r.load(s)
+        assert all(isinstance(t, Task) for t in loaded)
+        assert loaded == splits[s]
+    assert SplitReader(root, role="evaluate").load("test") == splits["test"]
+
+
+def test_access_log_records_reads(root):
+    before = len(data_mod.ACCESS_LOG)
+    SplitReader(root, role="base").load("val")
+    entry = data_mod.ACCESS_LOG[before]
+    assert entry["split"] == "val" and entry["role"] == "base"
+    assert entry["sha256"] == sha256_file(root / "val.jsonl")
+
+
+@pytest.mark.parametrize("role", ["train", "hpo", "prepare", "base", "bank", "cold_start", "probe", "sensitivity",
+                                  "test"])
+def test_test_split_sealed(root, role):
+    before = len(data_mod.ACCESS_LOG)
+    with pytest.raises(SplitAccessError) as ei:
+        SplitReader(root, role=role).load("test")
+    msg = str(ei.value)
+    assert "test" in msg and "evaluate" in msg and repr(role) in msg
+    assert isinstance(ei.value, BadInput)  # -> exit status 2
+    assert len(data_mod.ACCESS_LOG) == before  # a refused read is not logged
+
+
+def test_evaluate_can_read_test(root):
+    tasks = SplitReader(root, role="evaluate").load("test")
+    assert len(tasks) == 2 * COUNTS["test"]
+
+
+def test_unknown_split(root):
+    with pytest.raises(BadInput, match="unknown split 'dev'"):
+        SplitReader(root, role="evaluate").load("dev")
+
+
+@pytest.mark.parametrize("split,role", [("train", "train"), ("val", "hpo"), ("test", "evaluate")])
+def test_corrupt_split_file(root, split, role):
+    with open(root / f"{split}.jsonl", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(BadInput, match="corrupt") as ei:
+        SplitReader(root, role=role).load(split)
+    assert f"{split}.jsonl" in str(ei.value)
+
+
+def test_edited_split_file(root):
+    p = root / "train.jsonl"
+    p.write_text(p.read_text().replace('"tool"', '"tooo"', 1))
+    with pytest.raises(BadInput, match="corrupt"):
+        SplitReader(root, role="train").load("train")
+    # other splits still load
+    assert SplitReader(root, role="train").load("val")
+
+
+def test_missing_split_file(root):
+    (root / "val.jsonl").unlink()
+    with pytest.raises(BadInput, match="missing"):
+        SplitReader(root, role="train").load("val")
+
+
+def test_missing_manifest(root):
+    (root / "manifest.json").unlink()
+    with pytest.raises(BadInput, match="manifest not found"):
+        SplitReader(root, role="train")
+
+
+def test_missing_dir(tmp_path):
+    with pytest.raises(BadInput, match="prepare"):
+        SplitReader(tmp_path / "nowhere", role="evaluate")
+
+
+def test_corrupt_manifest(root):
+    (root / "manifest.json").write_text("{not json")
+    with pytest.raises(BadInput, match="corrupt"):
+        SplitReader(root, role="train")
+
+
+def test_stage_prepare_writes_relative_to_cwd(tmp_path, monkeypatch, params):
+    from lopd import stages
+
+    monkeypatch.chdir(tmp_path)
+    m = stages.stage_prepare(params)
+    assert (tmp_path / "data" / "splits" / "manifest.json").exists()
+    assert {s: m["files"][s]["n"] for s in SPLITS} == {s: 2 * n for s, n in COUNTS.items()}
+    assert SplitReader(tmp_path / "data" / "splits", role="evaluate").load("test")
