@@ -145,8 +145,14 @@ class ExperienceBank:
         mpath = out_dir / "manifest.json"
         if not mpath.exists():
             raise BadInput(f"experience bank not found at {out_dir} (run the bank stage first)")
-        manifest = json.loads(mpath.read_text())
-        for name, digest in manifest["sha256"].items():
+        try:
+            manifest = json.loads(mpath.read_text())
+            hashes, embedder = dict(manifest["sha256"]), manifest["embedder"]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise BadInput(f"experience bank manifest {mpath} is corrupt ({type(e).__name__}: {e})") from None
+        if set(hashes) != {"bank.jsonl", "embeddings.npy"}:
+            raise BadInput(f"experience bank manifest {mpath} is corrupt: it must hash bank.jsonl and embeddings.npy")
+        for name, digest in hashes.items():
             p = out_dir / name
             if not p.exists() or hashlib.sha256(p.read_bytes()).hexdigest() != digest:
                 raise BadInput(f"experience bank file {p} is missing or corrupt (hash mismatch against {mpath})")
@@ -154,7 +160,7 @@ class ExperienceBank:
         if not entries:
             raise BadInput(f"experience bank at {out_dir} is empty: the base policy had no successful train "
                            "rollouts (raise bank.rollouts_per_task or lower bank.min_reward)")
-        return cls(entries, np.load(out_dir / "embeddings.npy"), manifest["embedder"])
+        return cls(entries, np.load(out_dir / "embeddings.npy"), embedder)
 
 
 def _counts(xs: list[str]) -> dict[str, int]:

@@ -75,10 +75,10 @@ def _dispatch(args) -> int:
     if args.cmd == "apply-profile":
         import yaml
 
-        from lopd.config import deep_merge, parse_params
+        from lopd.config import deep_merge, parse_params, read_yaml_mapping
 
-        base = yaml.safe_load(open(args.params)) or {}
-        merged = deep_merge(base, yaml.safe_load(open(args.profile_file)) or {})
+        base = read_yaml_mapping(args.params, "params file")
+        merged = deep_merge(base, read_yaml_mapping(args.profile_file, "profile"))
         parse_params(merged, f"{args.params} + {args.profile_file}")
         with open(args.out, "w") as f:
             yaml.safe_dump(merged, f, sort_keys=False)

@@ -25,7 +25,7 @@ ARMS = tuple(ARM_REGISTRY)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelParams(_Section):
@@ -277,17 +277,25 @@ def parse_params(raw: dict[str, Any], source: str = "params") -> Params:
         raise BadInput(_format_error(e, source)) from None
 
 
-def load_params(path: str | Path = "params.yaml", profile: str | Path | None = None) -> Params:
-    """Load ``path`` (merged with ``profile`` if given) and validate it."""
+def read_yaml_mapping(path: str | Path, what: str = "params file") -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; every failure is a :class:`BadInput` naming the file."""
     path = Path(path)
     if not path.exists():
-        raise BadInput(f"params file not found: {path}")
+        raise BadInput(f"{what} not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-        if profile is not None:
-            raw = deep_merge(raw, yaml.safe_load(Path(profile).read_text()) or {})
+        raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise BadInput(f"{path}: not valid YAML: {e}") from None
-    except FileNotFoundError as e:
-        raise BadInput(f"profile not found: {e.filename}") from None
+        raise BadInput(f"{what} {path} is not valid YAML: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadInput(f"{what} {path} must hold a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load_params(path: str | Path = "params.yaml", profile: str | Path | None = None) -> Params:
+    """Load ``path`` (merged with ``profile`` if given) and validate it."""
+    raw = read_yaml_mapping(path, "params file")
+    if profile is not None:
+        raw = deep_merge(raw, read_yaml_mapping(profile, "profile"))
     return parse_params(raw, str(path) + (f" + {profile}" if profile else ""))

@@ -93,7 +93,10 @@ class SplitReader:
                 f"the test split is sealed: stage role {self.role!r} may not read it; "
                 f"only the {EVAL_ROLE!r} stage may (tune on 'val')"
             )
-        entry = self.manifest["files"].get(split)
+        files = self.manifest.get("files") if isinstance(self.manifest, dict) else None
+        if not isinstance(files, dict):
+            raise BadInput(f"split manifest {self.root / 'manifest.json'} is corrupt: no 'files' table")
+        entry = files.get(split)
         if entry is None:
             raise BadInput(f"split {split!r} missing from manifest {self.root / 'manifest.json'}")
         path = self.root / entry["path"]

@@ -178,9 +178,6 @@ def test_bank_corrupt_file(tmp_path):
     assert "bank.jsonl" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, raises=(json.JSONDecodeError, KeyError),
-                   reason="bug: lopd/bank.py ExperienceBank.load parses manifest.json without catching "
-                          "JSONDecodeError/KeyError, so a corrupt manifest is a traceback, not BadInput")
 @pytest.mark.parametrize("manifest", ["{oops", "{}"])
 def test_bank_corrupt_manifest(tmp_path, manifest):
     d = tmp_path / "bank"

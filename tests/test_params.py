@@ -241,15 +241,9 @@ def test_train_without_prepared_data(tmp_path, monkeypatch, capsys, base_raw):
     assert "base" in out  # names the missing input (the base model / stage to run first)
 
 
-# ------------------------------------------------------------------ known bugs (see the report)
-# Strict xfail: these pass once the bug is fixed, and then the marker must be removed.
-
-APPLY_PROFILE_BUG = ("bug: lopd/cli.py apply-profile reads files with open()/yaml.safe_load outside load_params, "
-                     "so a missing file or bad YAML escapes as a traceback instead of exit 2")
-NON_MAPPING_PROFILE_BUG = "bug: lopd/config.py deep_merge crashes (AttributeError) on a profile that is not a mapping"
+# ------------------------------------------------------------------ profiles and apply-profile
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=APPLY_PROFILE_BUG)
 def test_apply_profile_missing_profile(tmp_path, monkeypatch, capsys, base_raw):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path, base_raw)
@@ -258,7 +252,6 @@ def test_apply_profile_missing_profile(tmp_path, monkeypatch, capsys, base_raw):
     assert not (tmp_path / "out.yaml").exists()
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=APPLY_PROFILE_BUG)
 def test_apply_profile_bad_yaml(tmp_path, monkeypatch, capsys, base_raw):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path, base_raw)
@@ -279,7 +272,6 @@ def test_apply_profile_invalid_result_writes_nothing(tmp_path, monkeypatch, caps
     assert yaml.safe_load((tmp_path / "out.yaml").read_text())["train"]["K"] == 8
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=NON_MAPPING_PROFILE_BUG)
 def test_profile_not_a_mapping(tmp_path, capsys, base_raw):
     p = _write(tmp_path, base_raw)
     prof = tmp_path / "prof.yaml"
@@ -288,8 +280,6 @@ def test_profile_not_a_mapping(tmp_path, capsys, base_raw):
     assert rc == 2 and "prof.yaml" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="bug: lopd/config.py load_params blames the params file for a YAML error "
-                                       "in the profile")
 def test_profile_yaml_error_names_profile(tmp_path, capsys, base_raw):
     p = _write(tmp_path, base_raw)
     prof = tmp_path / "prof.yaml"

@@ -67,7 +67,8 @@ class Inventory(_Family):
     name, closing, tools = "inventory", "commit", ("lookup", "set", "commit")
 
     def make(self, rng):
-        item, q, cur = rng.choice(ITEMS), rng.randrange(10), rng.randrange(10)
+        item, q = rng.choice(ITEMS), rng.randrange(10)
+        cur = rng.choice([c for c in range(10) if c != q])  # never already at the goal
         return f"set {item} to {q}", {"item": item, "qty": q, "current": cur}
 
     def init(self, st):
