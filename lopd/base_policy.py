@@ -65,9 +65,9 @@ def train_on_messages(model, fmt: ChatFormat, demos: list[list[tuple[str, str]]]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
-            on_step(step, float(loss))
+            on_step(step, losses[-1])
     model.eval()
     return losses
 

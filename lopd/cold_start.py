@@ -65,9 +65,9 @@ def cold_start(bb, bank: ExperienceBank, task_emb: dict, *, steps: int, batch_si
         loss.backward()
         torch.nn.utils.clip_grad_norm_(phi, 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
-            on_step(step, float(loss))
+            on_step(step, losses[-1])
     for p in bb.adapter_params("student"):
         p.requires_grad_(True)
     bb.model.eval()
