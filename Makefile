@@ -10,7 +10,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup repro test bench mlflow-server clean-outputs
+.PHONY: setup repro test bench mlflow-server external-data
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,7 @@ bench: $(BIN)/.installed
 
 mlflow-server: $(BIN)/.installed
 	$(BIN)/lopd mlflow-server --port $${PORT:-5000}
+
+# BFCL data files only (the bfcl-eval wheel is downloaded, never installed: it downgrades numpy)
+external-data: $(BIN)/.installed
+	$(BIN)/python -m lopd.external data/external/bfcl

@@ -56,6 +56,9 @@ class ModelParams(_Section):
 class EnvParams(_Section):
     domains: list[Literal["tool", "code"]] = ["tool", "code"]
     tool_families: list[Literal["inventory", "bank", "thermo", "ticket"]] = ["inventory", "bank", "thermo", "ticket"]
+    # evaluation-only benchmark domains (real models): read by the evaluate stage, never trained on
+    eval_domains: list[Literal["bfcl", "humaneval"]] = []
+    bfcl_categories: list[Literal["simple", "multiple"]] = ["simple"]
     max_turns: int = Field(5, ge=1, le=20)
     n_train: int = Field(400, ge=4)
     n_val: int = Field(64, ge=4)

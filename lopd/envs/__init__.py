@@ -19,7 +19,15 @@ def make_env(domain: str, envs_params: Any = None) -> Any:
         from lopd.envs.code import CodeEnv
 
         return CodeEnv()
-    raise ValueError(f"unknown domain {domain!r}; known: tool, code")
+    if domain == "bfcl":
+        from lopd.envs.bfcl import BFCLEnv
+
+        return BFCLEnv(categories=list(getattr(envs_params, "bfcl_categories", ["simple"])))
+    if domain == "humaneval":
+        from lopd.envs.humaneval import HumanEvalEnv
+
+        return HumanEvalEnv()
+    raise ValueError(f"unknown domain {domain!r}; known: tool, code, bfcl, humaneval")
 
 
 __all__ = ["Env", "Episode", "StepResult", "Task", "make_env"]
