@@ -4,7 +4,7 @@ Each tiny random model is saved as a Hugging Face directory (``save_pretrained``
 loaded back with :func:`lopd.model.backbone.load_causal_lm` like a downloaded checkpoint,
 wrapped in a :class:`Backbone`, given a fresh composer (its state stands in for φ0, since the
 workspace's φ0 was trained for another hidden size) and trained for 2 LOPD steps against the
-workspace's experience bank. Each step must give a finite loss and move the student LoRA.
+workspace's experience bank (re-embedded by each backbone). Each step must give a finite loss and move the student LoRA.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def shared(workspace):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     from lopd.arms import get_arm
-    from lopd.bank import embed_tasks
+    from lopd.bank import ExperienceBank, embed_tasks
+    from lopd.envs.base import Task
     from lopd.config import ModelParams
     from lopd.model.backbone import Backbone, build_tiny_model, load_causal_lm
     from lopd.model.composer import Composer
@@ -67,8 +68,12 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     k_max = params.cold_start.k_max
     torch.manual_seed(1)
     phi0 = Composer(bb, k_max).state()
+    # the bank's task embeddings come from the workspace's backbone: re-embed its entries with
+    # this one (same experiences, this model's embedding space)
+    bank_tasks = [Task(e.task_id, e.domain, e.family, e.prompt) for e in bank.entries]
+    arch_bank = ExperienceBank(bank.entries, embed_tasks("backbone", bb, bank_tasks), "backbone")
     tasks = train[:24]
-    res = Resources(params=params, bb=bb, bank=bank, train_tasks=tasks, val_tasks=val[:4], envs=envs, phi0=phi0,
+    res = Resources(params=params, bb=bb, bank=arch_bank, train_tasks=tasks, val_tasks=val[:4], envs=envs, phi0=phi0,
                     k_max=k_max)
     res.task_emb = dict(zip([t.task_id for t in tasks], embed_tasks("backbone", bb, tasks)))
     hp = HParams.from_params(params, steps=2, tasks_per_step=4, val_every=2, val_tasks=4, checkpoint_every=2)

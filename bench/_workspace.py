@@ -1,0 +1,40 @@
+"""Benchmarks run on the repo's pipeline outputs when they exist (``dvc repro cold_start``),
+else on a tiny workspace built once under ``bench/out/ws`` (prepare → base → bank → cold start)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def workspace() -> Path:
+    """A directory holding data/splits, models/base, models/bank, models/cold_start; becomes the cwd."""
+    if (REPO / "models/cold_start/phi0.safetensors").exists():
+        os.chdir(REPO)
+        return REPO
+    ws = REPO / "bench/out/ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    os.chdir(ws)
+    if not (ws / "models/cold_start/phi0.safetensors").exists():
+        from lopd.cli import main
+        from lopd.config import deep_merge
+
+        raw = yaml.safe_load((REPO / "params.yaml").read_text())
+        raw = deep_merge(raw, {"envs": {"n_train": 96, "n_val": 32, "n_test": 16}, "cold_start": {"steps": 10},
+                               "tracking": {"uri": f"sqlite:///{ws / 'mlflow.db'}"}})
+        (ws / "params.yaml").write_text(yaml.safe_dump(raw))
+        for cmd in ("prepare", "base", "bank", "cold-start"):
+            assert main(["--params", "params.yaml", cmd]) == 0, cmd
+    return ws
+
+
+def params():
+    from lopd.config import load_params
+
+    return load_params(Path.cwd() / "params.yaml")
