@@ -251,9 +251,10 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     seed_everything(seed, params.model.torch_threads)
     is_main = world is None or world.is_main
     stale = None
+    # the MLflow run id lives beside the checkpoint (a checkpoint directory is replaced whole)
+    rid = ckpt_dir.with_name(ckpt_dir.name + ".mlflow_run_id") if ckpt_dir is not None else None
     if ckpt_dir is not None:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        rid = ckpt_dir / "mlflow_run_id"
+        ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
         if rid.exists() and is_main:
             stale = rid.read_text().strip()
             mark_stale_run(params.tracking, stale)
@@ -263,8 +264,8 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     if stale:
         all_tags["resumed_from_run"] = stale
     tracker = Tracker(params.tracking, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
-    if ckpt_dir is not None and tracker.run_id and is_main:
-        (ckpt_dir / "mlflow_run_id").write_text(tracker.run_id)
+    if rid is not None and tracker.run_id and is_main:
+        rid.write_text(tracker.run_id)
     tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
     t0 = time.time()
     with progress() as prog:
@@ -275,6 +276,10 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
 
         trainer = Trainer(res, arm, hp, seed, tracker=tracker, ckpt_dir=ckpt_dir, on_val=on_val,
                           progress=on_progress, world=world)
+        if world is not None:
+            from lopd.distributed import broadcast_trainer
+
+            broadcast_trainer(world, trainer)  # every rank starts from rank 0's θ and φ
         try:
             info = trainer.fit()
         except BaseException:
@@ -308,6 +313,7 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
         import shutil
 
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
+        rid.unlink(missing_ok=True)
     return {**result, **meta}
 
 

@@ -58,7 +58,12 @@ def server_command(port: int, host: str = "127.0.0.1", backend: str = "sqlite://
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
+    # MLflow >= 3.5 also starts "huey" job consumers (GenAI jobs: scorers, trace roll-ups) that
+    # outlive the server on SIGINT; the pipeline needs none of them. Set the variable to true
+    # in the environment to get them back.
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    return env
 
 
 def serve(port: int, host: str = "127.0.0.1", backend: str = "sqlite:///mlflow.db",
@@ -116,7 +121,8 @@ def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = 
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
-    """Terminate the server's process group (SIGTERM, then SIGKILL); returns its exit status."""
+    """Terminate the server's process group (SIGTERM, then SIGKILL for the server and anything
+    left in its group); returns the server's exit status."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -130,4 +136,8 @@ def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=timeout)
+    try:  # anything the server left behind in its group (workers, job consumers)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     return proc.returncode

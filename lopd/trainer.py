@@ -167,8 +167,9 @@ class Trainer:
         self.step = 0
         self.rollouts_used = 0
         self.history: list[dict] = []
-        self.py_rng = random.Random(seed)
-        self.gen = torch.Generator().manual_seed(seed)
+        sample_seed = world.rank_seed(seed) if world is not None else seed  # ranks roll out different tasks
+        self.py_rng = random.Random(sample_seed)
+        self.gen = torch.Generator().manual_seed(sample_seed)
         self.infeasible_streak = 0
         self.infeasible = False
         self.last_val: float | None = None
@@ -252,15 +253,20 @@ class Trainer:
                 loss = obj.policy_gradient_loss(obj.token_logprobs(logits, targets), adv, mask)
         elif arm.objective == "kd":
             loss = self._kd_loss(tasks, ids, attn, targets, mask, rewards, m)
-        m["loss"] = float(loss) if loss is not None else 0.0
-        if loss is not None:
-            if not torch.isfinite(loss):
-                raise RunFailed(f"non-finite loss ({float(loss)}) at step {self.step + 1} of {arm.name} seed "
-                                f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
+        m["loss"] = float(loss.detach()) if loss is not None else 0.0
+        take_step = loss is not None
+        bad = loss is not None and not bool(torch.isfinite(loss.detach()))
+        if self.world is not None:  # decided together: every rank issues the same collectives
+            take_step, bad = self.world.any_true(take_step), self.world.any_true(bad)
+        if bad:
+            raise RunFailed(f"non-finite loss ({m['loss']}) at step {self.step + 1} of {arm.name} seed "
+                            f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
+        if take_step:
             self.opt_theta.zero_grad(set_to_none=True)
             if self.opt_phi:
                 self.opt_phi.zero_grad(set_to_none=True)
-            loss.backward()
+            if loss is not None:
+                loss.backward()
             if self.world is not None:
                 self.world.all_reduce_grads(self.theta + self.phi)
             torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
@@ -269,12 +275,13 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
                 self.opt_phi.step()
         # dual ascent on β (φ's constraint Δ(φ) ≥ m), after the primal step
-        if arm.margin and arm.train_composer and m.get("delta_weight", 0.0) > 0:
-            d = m["delta_phi"]
-            if self.world is not None:
-                d = self.world.mean_scalar(d)
+        if arm.margin and arm.train_composer:
+            d, w = m.get("delta_phi", float("nan")), m.get("delta_weight", 0.0)
+            if self.world is not None:  # Δ over every rank's rewarded tokens (all ranks call this)
+                d, w = self.world.weighted_mean(d, w)
                 m["delta_phi"] = d
-            self.beta = obj.dual_update(self.beta, self.margin, d, hp.eta_beta)
+            if w > 0:
+                self.beta = obj.dual_update(self.beta, self.margin, d, hp.eta_beta)
         m["beta"] = self.beta
         self._feasibility(m)
         self.step += 1
@@ -301,18 +308,18 @@ class Trainer:
         t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         delta = obj.token_delta(t_tok, s_tok)
         delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
-        m.update(kd_loss=float(kl.loss), tail_mass=float(kl.tail_mass), delta_weight=weight,
-                 delta_phi=float(delta_phi) if weight > 0 else float("nan"),
+        m.update(kd_loss=float(kl.loss.detach()), tail_mass=float(kl.tail_mass), delta_weight=weight,
+                 delta_phi=float(delta_phi.detach()) if weight > 0 else float("nan"),
                  margin_sat_frac=obj.margin_sat_frac(delta.detach(), mask, self.margin))
         loss = kl.loss
         if c_phi is not None and self.arm.train_composer:
             anchor = obj.anchor_loss(c_phi, c0, hp.lambda_anchor)
-            m["anchor"] = float(anchor)
+            m["anchor"] = float(anchor.detach())
             loss = loss + anchor
             if self.arm.margin and weight > 0:
                 loss = loss + obj.margin_penalty(self.beta, self.margin, delta_phi)
         elif c_phi is not None:
-            m["anchor"] = float(obj.anchor_loss(c_phi, c0, hp.lambda_anchor))
+            m["anchor"] = float(obj.anchor_loss(c_phi, c0, hp.lambda_anchor).detach())
         return loss
 
     def _feasibility(self, m: dict) -> None:
@@ -353,6 +360,8 @@ class Trainer:
                  "rng": _rng_state(self.py_rng, self.gen), "infeasible_streak": self.infeasible_streak,
                  "infeasible": self.infeasible, "last_val": self.last_val, **(extra or {})}
         save_checkpoint(self.ckpt_dir, self._tensors(), state)
+        if self.tracker is not None:
+            self.tracker.flush()  # what a kill would lose from MLflow is at most one checkpoint interval
 
     def restore(self) -> dict | None:
         if self.ckpt_dir is None or not (Path(self.ckpt_dir) / "meta.json").exists():
@@ -368,6 +377,10 @@ class Trainer:
         self.history = state["history"]
         self.infeasible_streak, self.infeasible, self.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
         _set_rng_state(state["rng"], self.py_rng, self.gen)
+        if self.world is not None and not self.world.is_main:  # the checkpoint holds rank 0's RNG only
+            s = self.world.rank_seed(self.seed) + 7919 * self.step
+            self.py_rng.seed(s)
+            self.gen.manual_seed(s)
         return state
 
     # ------------------------------------------------------------------ the loop

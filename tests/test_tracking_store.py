@@ -1,0 +1,41 @@
+"""What a LOPD run leaves in the MLflow store: per-step training signals and provenance tags."""
+
+from __future__ import annotations
+
+import pytest
+
+STEPS = 3
+
+
+@pytest.fixture
+def tracked_run(workspace, resources, tmp_path):
+    from lopd.stages import run_arm
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = workspace.params(tracking={"uri": uri},
+                              train={"steps": STEPS, "tasks_per_step": 8, "val_every": STEPS, "val_tasks": 2,
+                                     "use_best_params": False})
+    resources.val_tasks = resources.val_tasks[:4]
+    r = run_arm(params, resources, "lopd", 0, tmp_path / "run", ckpt_dir=None)
+    return uri, r
+
+
+def test_lopd_run_logs_signals_every_step_and_provenance_tags(tracked_run):
+    from mlflow.tracking import MlflowClient
+
+    uri, r = tracked_run
+    assert r["tracking"] == "ok"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(r["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    for key in ("delta_phi", "beta", "margin_sat_frac"):
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert set(range(1, STEPS + 1)) <= set(steps), f"{key} logged at steps {steps}"
+        assert len([s for s in steps if s >= 1]) == STEPS, f"{key} logged more than once per step: {steps}"
+    tags = run.data.tags
+    for key in ("stage", "arm", "seed", "bank_mode", "split", "git_commit", "params_hash"):
+        assert tags.get(key), f"tag {key} missing: {sorted(tags)}"
+    assert tags["stage"] == "train" and tags["arm"] == "lopd" and tags["seed"] == "0"
+    assert tags["bank_mode"] == "relevant"
+    assert tags["params_hash"] == r["params_hash"]
+    assert client.get_metric_history(run.info.run_id, "final_val_reward")
