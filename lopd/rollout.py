@@ -42,7 +42,7 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
                   use_cache: bool = True) -> list[Rollout]:
@@ -68,13 +68,14 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
         gmask[i].append(0)
     past = None
     pad = fmt.pad_id
+    cache_kw = _cache_kw(model)
     for _ in range(max_len - 1):
         if all(done):
             break
         if use_cache:
             inp = torch.tensor([[s[-1]] for s in seqs], device=device)
-            out = model(input_ids=inp, use_cache=True, **{_cache_kw(model): past})
-            past = getattr(out, "cache", None) if _cache_kw(model) == "cache" else out.past_key_values
+            out = model(input_ids=inp, use_cache=True, **{cache_kw: past})
+            past = getattr(out, "cache", None) if cache_kw == "cache" else out.past_key_values
         else:
             inp = torch.tensor(seqs, device=device)
             out = model(input_ids=inp, use_cache=False)
