@@ -19,11 +19,11 @@ when every output matches exactly (same type and value) and 0.0 otherwise.
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any, Callable
 
 from lopd import sandbox
-from lopd.envs.base import StepResult, Task, task_rng
+from lopd.envs.base import Task, task_rng
+from lopd.envs.sandboxed import SandboxedEpisode
 
 DIGITS = [str(i) for i in range(10)]
 N_INPUTS = 6
@@ -145,50 +145,19 @@ def corrupt(text: str, rng: random.Random) -> str:
     return " ".join(w[:-cut])
 
 
-_SCORE_CACHE: dict[tuple[str, str], tuple[float, "sandbox.SandboxResult"]] = {}
-_SCORE_LOCK = threading.Lock()
-
-
-class CodeEpisode:
-    """One program for one task. The program runs in the sandbox when the reward is first
-    asked for (not in ``step``), so a rollout engine can score a whole batch concurrently;
-    scores are memoised per (task, program) — a program's test outcome is a pure function of
-    its text and the hidden tests, and sampled policies repeat programs often."""
+class CodeEpisode(SandboxedEpisode):
+    """One program for one task: reward 1 iff every hidden test's output matches (compared
+    here, in the parent: expected outputs never enter the sandbox)."""
 
     def __init__(self, task: Task, timeout_s: float):
-        self.task = task
+        super().__init__(task)
         self.timeout_s = timeout_s
-        self.done = False
-        self.action: str | None = None
-        self._reward: float | None = None
-        self.result: sandbox.SandboxResult | None = None
 
-    def step(self, action: str) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"episode of {self.task.task_id} is already over")
-        self.done = True
-        self.action = action
-        return StepResult(observation=None, done=True)
-
-    def reward(self) -> float:
-        if self._reward is not None:
-            return self._reward
-        if self.action is None:
-            self._reward = 0.0
-            return 0.0
-        key = (self.task.task_id, self.action)
-        with _SCORE_LOCK:
-            hit = _SCORE_CACHE.get(key)
-        if hit is None:
-            spec = self.task.spec
-            res = sandbox.run_calls(self.action, "f", [[x] for x in spec["inputs"]], timeout_s=self.timeout_s)
-            ok = res.status == "ok" and outputs_match(res.outputs, spec["expected"])
-            hit = (1.0 if ok else 0.0, res)
-            if res.status in ("ok", "error", "refused", "no_output"):  # not load-dependent: safe to reuse
-                with _SCORE_LOCK:
-                    _SCORE_CACHE[key] = hit
-        self._reward, self.result = hit
-        return self._reward
+    def score(self, action: str):
+        spec = self.task.spec
+        res = sandbox.run_calls(action, "f", [[x] for x in spec["inputs"]], timeout_s=self.timeout_s)
+        ok = res.status == "ok" and outputs_match(res.outputs, spec["expected"])
+        return (1.0 if ok else 0.0), res
 
 
 class CodeEnv:

