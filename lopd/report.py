@@ -660,7 +660,7 @@ def _write_efficiency(out: Path, params, runs, eff: dict) -> None:
     if eff.get("target") is not None:
         ax.axhline(eff["target"], color=_COLORS["grpo"], ls=":", lw=1.2,
                    label=f"GRPO final val reward = {eff['target']:.3f}")
-        if eff.get("reached"):
+        if eff.get("reached") and eff.get("x", 0) > 0:
             ax.axvline(eff["x"], color=_COLORS["lopd"], ls=":", lw=1.2,
                        label=f"lopd reaches it at {eff['x']:.0f} rollouts")
     if not plotted:
@@ -691,7 +691,13 @@ def _write_efficiency(out: Path, params, runs, eff: dict) -> None:
         md += [f"- GRPO final validation reward (mean of {eff['n_grpo']} seeds): {eff['target']:.4f}",
                f"- GRPO total rollouts (mean over seeds): {eff['grpo_total']:.0f}",
                f"- lopd seeds: {eff['n_lopd']}; lopd rollouts observed: up to {eff['lopd_max_rollouts']:.0f}", ""]
-        if eff["reached"]:
+        if eff["reached"] and eff["x"] <= 0:
+            md += [f"**Ratio: degenerate (0 / {eff['grpo_total']:.0f}).** GRPO did not improve on the shared "
+                   "starting point: its final validation reward is at or below the validation reward every arm "
+                   "starts from (step 0, before any rollout), so 'rollouts needed to reach it' is zero for any "
+                   "method. This data cannot test the paper's efficiency claim; it says GRPO did not learn "
+                   "within this budget."]
+        elif eff["reached"]:
             verdict = ("consistent with" if hi is not None and math.isfinite(hi) and hi < PAPER_EFFICIENCY_CLAIM
                        else "NOT established by")
             md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts), "
@@ -1117,7 +1123,7 @@ def build_report(params, root: Path = Path(".")) -> dict:
         "n_seeds": seeds_by_arm.get("lopd", max(seeds_by_arm.values(), default=0)),
         "n_seeds_by_arm": seeds_by_arm,
         "bold_columns": {t["col"]: t["best"] for t in mt["tests"] if t["bold"]},
-        "efficiency_ratio": eff.get("ratio"),
+        "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,  # None: not reached or degenerate
         "efficiency_ci": [_none_if_nan(v) if v is not None else None for v in eff.get("ci", (None, None))],
         "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in runs.values() for r in a.values()),
         "margin_flagged_runs": sum(1 for r in mdyn["rows"] if r["active"] and r["flags"]),

@@ -351,12 +351,14 @@ def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
         from lopd.errors import BadInput
 
         raise BadInput(f"no finished run at {run_dir} (train {arm} seed {seed} first)")
-    bb = _load_bb(params)
-    bb.load_adapter_state("student", load_tensors_verified(run_dir / "student.safetensors"))
+    from lopd.model.backbone import load_student_policy
+    from lopd.utils import seed_everything
+
+    seed_everything(0, params.model.torch_threads)
+    model, fmt = load_student_policy(params, BASE_DIR, load_tensors_verified(run_dir / "student.safetensors"))
     test = data_mod.SplitReader(SPLITS_DIR, role="evaluate").load("test")
     ev = params.evaluate
-    bb.mode("student")
-    res = evaluate_policy(bb.model, bb.fmt, make_envs(params), test, max_new_tokens=ev.max_new_tokens,
+    res = evaluate_policy(model, fmt, make_envs(params), test, max_new_tokens=ev.max_new_tokens,
                           max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
                           temperature=ev.temperature, seed=20_000 + seed)
     benchmarks = {}
@@ -365,7 +367,7 @@ def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
 
         env = make_env(dom, params.envs)
         tasks = env.generate(params.envs.seed, params.envs.n_test)
-        b = evaluate_policy(bb.model, bb.fmt, {dom: env}, tasks, max_new_tokens=ev.max_new_tokens,
+        b = evaluate_policy(model, fmt, {dom: env}, tasks, max_new_tokens=ev.max_new_tokens,
                             max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
                             temperature=ev.temperature, seed=20_000 + seed)
         benchmarks[dom] = b["mean"]

@@ -98,3 +98,22 @@ def test_inactive_adapter_gets_no_gradient(resources):
     bb.logits(ids, torch.ones_like(ids), "student").sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in bb.adapter_params("student"))
     assert all(p.grad is None for p in bb.adapter_params("composer"))
+
+
+def test_merged_student_equals_adapter_forward(resources, workspace):
+    """Evaluation folds the student LoRA into the base weights: same logits as the adapter path."""
+    from lopd.model.backbone import load_student_policy
+    from lopd.stages import BASE_DIR
+
+    bb = resources.bb
+    with torch.no_grad():
+        for p in bb.adapter_params("student"):
+            p.add_(torch.randn_like(p) * 0.05)  # a non-trivial adapter (B starts at zero)
+    state = bb.adapter_state("student")
+    ids = torch.tensor([[2, 3, 10, 11, 6, 4, 12, 13]])
+    with torch.no_grad():
+        want = bb.logits(ids, torch.ones_like(ids), "student")
+        model, _ = load_student_policy(workspace.params(), workspace.root / BASE_DIR, state)
+        got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert not torch.allclose(want, bb.logits(ids, torch.ones_like(ids), "teacher"), atol=1e-4)
+    assert torch.allclose(want, got, atol=1e-4), (want - got).abs().max()
