@@ -52,7 +52,10 @@ def timing(repeats: int) -> None:
     tasks = tr.sample_tasks()
     gen = torch.Generator().manual_seed(0)
 
+    from lopd.envs import sandboxed
+
     def rollout():
+        sandboxed._SCORE_CACHE.clear()  # time real sandbox scoring, as a step on fresh tasks pays it
         bb.mode("student")
         return rollout_batch(bb.model, bb.fmt, res.envs, tasks, max_new_tokens=hp.max_new_tokens, max_len=hp.max_len,
                              generator=gen)
@@ -84,6 +87,7 @@ def timing(repeats: int) -> None:
         tracker.flush()
 
     def whole():
+        sandboxed._SCORE_CACHE.clear()
         row = tr.train_step()
         tracker.log_metrics({k: v for k, v in row.items() if v is not None}, row["step"])
         tracker.flush()
