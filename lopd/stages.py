@@ -146,13 +146,13 @@ def stage_bank(params: Params) -> dict:
         from lopd.errors import RunFailed
 
         raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
-    emb = embed_tasks(bp.embedder, bb, [Experience_task(e) for e in entries])
+    emb = embed_tasks(bp.embedder, bb, [_experience_task(e) for e in entries])
     bank = ExperienceBank(entries, emb, bp.embedder)
     val_emb = embed_tasks(bp.embedder, bb, val)
     precision = {bp.embedder: bank.precision(val, val_emb, params.train.n_ret)}
     other = "minilm" if bp.embedder == "backbone" else "backbone"
     try:  # measure the alternative embedder too, so the default is chosen on evidence
-        bank_o = ExperienceBank(entries, embed_tasks(other, bb, [Experience_task(e) for e in entries]), other)
+        bank_o = ExperienceBank(entries, embed_tasks(other, bb, [_experience_task(e) for e in entries]), other)
         precision[other] = bank_o.precision(val, embed_tasks(other, bb, val), params.train.n_ret)
     except Exception as e:  # noqa: BLE001 - optional comparison; say why it is missing
         precision[other] = {"error": f"{type(e).__name__}: {e}"}
@@ -161,7 +161,8 @@ def stage_bank(params: Params) -> dict:
     return manifest
 
 
-def Experience_task(e):
+def _experience_task(e):
+    """The (prompt-only) task an experience came from, for embedding it."""
     from lopd.envs.base import Task
 
     return Task(e.task_id, e.domain, e.family, e.prompt)
@@ -177,7 +178,7 @@ def stage_cold_start(params: Params) -> dict:
     cp = params.cold_start
     bb = _load_bb(params)
     bank = ExperienceBank.load(BANK_DIR)
-    emb = _embeddings(params, bb, [Experience_task(e) for e in bank.entries])
+    emb = _embeddings(params, bb, [_experience_task(e) for e in bank.entries])
     tracker = Tracker(params.tracking, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
                                                       "split": "train", "bank_mode": "relevant",
                                                       "params_hash": params.section_hash("model", "bank", "cold_start")})

@@ -14,7 +14,6 @@ in a forward pass gets no gradient from it.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -285,10 +284,3 @@ def load_student_policy(params, base_dir: str | Path, adapter_state: dict[str, t
     model = load_causal_lm(src, device, resolve_dtype(mp, device))
     merge_lora_state(model, adapter_state, mp.lora_alpha, mp.lora_r)
     return model.eval(), ChatFormat(tok)
-
-
-def describe(bb: Backbone) -> dict[str, Any]:
-    n_base = sum(p.numel() for p in bb.base_params())
-    return {"base_params": n_base, "student_lora": sum(p.numel() for p in bb.adapter_params("student")),
-            "composer_lora": sum(p.numel() for p in bb.adapter_params("composer")),
-            "vocab": len(bb.tokenizer), "config": json.loads(bb.model.get_base_model().config.to_json_string())}

@@ -69,14 +69,6 @@ class ChatFormat:
         # a trajectory that ends on an assistant turn has a dangling header only after obs; fine
         return ids, mask
 
-    @staticmethod
-    def render_text(msgs: list[tuple[str, str]]) -> str:
-        """Plain text of a trajectory (what the text-context teacher and the composer read)."""
-        parts = []
-        for role, text in msgs:
-            parts.append({"user": USER, "assistant": ASSISTANT, "obs": OBS}[role] + " " + text)
-        return " ".join(parts)
-
     def context_ids(self, experiences: list[list[tuple[str, str]]]) -> list[int]:
         """Token ids of a text context holding ``experiences`` (for the ``opsd_text`` teacher)."""
         ids: list[int] = []
