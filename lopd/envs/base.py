@@ -76,6 +76,23 @@ class Env(Protocol):
         ...
 
 
+class SingleActionEpisode:
+    """An episode of one action: ``step`` records it and ends the episode; subclasses score
+    the recorded ``action`` in ``reward``."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.done = False
+        self.action: str | None = None
+
+    def step(self, action: str) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"episode of {self.task.task_id} is already over")
+        self.done = True
+        self.action = action
+        return StepResult(observation=None, done=True)
+
+
 def task_rng(seed: int, *parts: object) -> random.Random:
     """A private RNG for one (seed, parts...) key, independent of global state."""
     key = json.dumps([seed, *[str(p) for p in parts]])

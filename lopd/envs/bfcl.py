@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lopd.envs.base import StepResult, Task, task_rng
+from lopd.envs.base import SingleActionEpisode, Task, task_rng
 from lopd.errors import BadInput
 from lopd.external import BFCL_CATEGORIES, bfcl_dir
 
@@ -342,20 +342,11 @@ def corrupt_call(spec: dict, rng: random.Random) -> str:
 # --------------------------------------------------------------------------------------
 # Env
 # --------------------------------------------------------------------------------------
-class BFCLEpisode:
+class BFCLEpisode(SingleActionEpisode):
     def __init__(self, task: Task):
-        self.task = task
-        self.done = False
-        self.action: str | None = None
+        super().__init__(task)
         self._reward: float | None = None
         self.reason = ""
-
-    def step(self, action: str) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"episode of {self.task.task_id} is already over")
-        self.done = True
-        self.action = action
-        return StepResult(observation=None, done=True)
 
     def reward(self) -> float:
         if self._reward is None:

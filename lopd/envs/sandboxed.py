@@ -10,34 +10,27 @@ never memoised.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 
 from lopd import sandbox
-from lopd.envs.base import StepResult, Task
+from lopd.envs.base import SingleActionEpisode, Task
 
 _SCORE_CACHE: dict[tuple[str, str, str], tuple[float, sandbox.SandboxResult]] = {}
 _SCORE_LOCK = threading.Lock()
 _CACHEABLE = ("ok", "error", "refused", "no_output")
 
 
-class SandboxedEpisode:
+class SandboxedEpisode(SingleActionEpisode, ABC):
     """Subclasses implement :meth:`score` (run ``action`` in the sandbox → reward, result)."""
 
     def __init__(self, task: Task):
-        self.task = task
-        self.done = False
-        self.action: str | None = None
+        super().__init__(task)
         self._reward: float | None = None
         self.result: sandbox.SandboxResult | None = None
 
+    @abstractmethod
     def score(self, action: str) -> tuple[float, sandbox.SandboxResult]:
-        raise NotImplementedError
-
-    def step(self, action: str) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"episode of {self.task.task_id} is already over")
-        self.done = True
-        self.action = action
-        return StepResult(observation=None, done=True)
+        """Run ``action`` in the sandbox; return (reward, sandbox result)."""
 
     def reward(self) -> float:
         if self._reward is not None:

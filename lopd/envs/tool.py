@@ -15,6 +15,7 @@ state.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,31 +36,37 @@ def _words(action: str) -> list[str]:
     return action.strip().split()
 
 # --------------------------------------------------------------------------- families
-# A family is: make(rng) -> (prompt_tail, spec); step(state, words) -> observation;
-# checks(state) -> list[bool]; solve(spec) -> actions; closing tool name.
+class _Family(ABC):
+    """One environment family: its tools, hidden rules, goal checks and scripted solver."""
 
-class _Family:
     name: str
     closing: str
     tools: tuple[str, ...]
 
+    @abstractmethod
     def make(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
-        raise NotImplementedError
+        """(prompt tail, hidden spec) of a new task."""
 
+    @abstractmethod
     def init(self, st: _State) -> None:
-        raise NotImplementedError
+        """Set the episode's initial state from ``st.spec``."""
 
+    @abstractmethod
     def step(self, st: _State, w: list[str]) -> str:
-        raise NotImplementedError
+        """Apply one action (split into words); return the observation."""
 
+    @abstractmethod
     def checks(self, st: _State) -> list[bool]:
-        raise NotImplementedError
+        """The goal checks of the final state (reward = fraction met)."""
 
+    @abstractmethod
     def solve(self, spec: dict[str, Any]) -> list[str]:
-        raise NotImplementedError
+        """The scripted correct actions."""
 
+    @abstractmethod
     def args_vocab(self) -> list[str]:
-        raise NotImplementedError
+        """Argument and observation words of this family."""
+
 
 class Inventory(_Family):
     """``lookup X`` must precede ``set X N`` (else ``error locked``); ``commit`` closes."""
