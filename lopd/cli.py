@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+TRACKED_COMMANDS = ("base", "cold-start", "train", "hpo", "sensitivity", "report")
+
+
 def _dispatch(args) -> int:
     from lopd.config import load_params
 
@@ -88,6 +91,10 @@ def _dispatch(args) -> int:
     if args.cmd == "validate":
         print("params OK")
         return 0
+    if args.cmd in TRACKED_COMMANDS and os.environ.get("RANK", "0") == "0":
+        from lopd.tracking import start_sidecar
+
+        start_sidecar(params.tracking)  # imports MLflow on the other core while this stage loads torch
     from lopd import stages
 
     if args.cmd == "prepare":
