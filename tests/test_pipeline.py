@@ -57,7 +57,8 @@ def test_train_and_evaluate_matrix_cover_every_arm_and_seed():
 
 def _run(cmd: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
-           "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "MLFLOW_DISABLE_TELEMETRY": "true", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -91,3 +92,24 @@ def test_dvc_repro_smoke_end_to_end(tmp_path):
     again = _run([str(BIN / "dvc"), "repro"], repo, 300)
     assert again.returncode == 0
     assert "Running stage" not in again.stdout, f"a second repro re-ran stages:\n{again.stdout}"
+
+    # changing only a report parameter reruns only the report
+    params["report"]["n_boot"] = params["report"]["n_boot"] + 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    rep = _run([str(BIN / "dvc"), "repro"], repo, 300)
+    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
+    ran = [ln for ln in rep.stdout.splitlines() if "Running stage" in ln]
+    assert ran == ["Running stage 'report':"], ran
+
+    # `dvc exp run -S hpo.n_trials=...` resumes the study: the finished trials are kept, one is added
+    n = params["hpo"]["n_trials"]
+    before = (repo / "hpo/trials.csv").read_text().splitlines()
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "smoke"]):
+        r = _run(cmd, repo, 60)
+        assert r.returncode == 0, r.stderr
+    exp = _run([str(BIN / "dvc"), "exp", "run", "hpo", "-S", f"hpo.n_trials={n + 1}"], repo, 600)
+    assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
+    states = json.loads((repo / "hpo/result.json").read_text())["trial_states"]
+    assert states["COMPLETE"] + states["PRUNED"] == n + 1 and states["FAIL"] == 0, states
+    after = (repo / "hpo/trials.csv").read_text().splitlines()
+    assert len(after) == len(before) + 1 and after[:len(before)] == before, (before, after)
