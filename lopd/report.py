@@ -223,6 +223,18 @@ def _plot_band(ax, agg: dict, label: str, color: str, *, marker: str | None = No
         ax.fill_between(agg["x"], agg["min"], agg["max"], color=color, alpha=0.2, lw=0)
 
 
+def _finish_reward_axes(fig: Figure, ax, xlabel: str, title: str, path: Path, **legend_kw) -> None:
+    """Label a one-axes validation-reward figure, add its legend (if anything is labelled) and save it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=9, frameon=False, **legend_kw)
+    fig.tight_layout()
+    _save_fig(fig, path)
+
+
 def _placeholder(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="0.3", wrap=True)
 
@@ -665,14 +677,8 @@ def _write_efficiency(out: Path, params, runs, eff: dict) -> None:
                        label=f"lopd reaches it at {eff['x']:.0f} rollouts")
     if not plotted:
         _placeholder(ax, "MISSING: no validation curves for lopd / grpo / opsd_text")
-    ax.set_xlabel("rollouts used")
-    ax.set_ylabel("validation reward")
-    ax.set_title("Sample efficiency: mean over seeds, band = min–max")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-    fig.tight_layout()
-    _save_fig(fig, out / "figures" / "efficiency.png")
+    _finish_reward_axes(fig, ax, "rollouts used", "Sample efficiency: mean over seeds, band = min–max",
+                        out / "figures" / "efficiency.png", loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
 
     claim = f"The paper claims lopd needs < {PAPER_EFFICIENCY_CLAIM:.0%} of GRPO's rollouts to reach GRPO's final reward."
     md = ["# Sample efficiency", "", "Figure: `figures/efficiency.png`.", "",
@@ -809,14 +815,8 @@ def _write_learning_curves(out: Path, runs) -> None:
         ax.lines[-1].set_linestyle(ls)
     if not ax.lines:
         _placeholder(ax, "MISSING: no validation rewards in history.csv")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation reward")
-    ax.set_title("Learning curves: mean over seeds, band = min–max")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    fig.tight_layout()
-    _save_fig(fig, out / "figures" / "learning_curves.png")
+    _finish_reward_axes(fig, ax, "training step", "Learning curves: mean over seeds, band = min–max",
+                        out / "figures" / "learning_curves.png", loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 # --------------------------------------------------------------------------- #

@@ -18,6 +18,7 @@ goes on, prints one clear warning and records ``"tracking": "failed: <cause>"`` 
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -155,15 +156,12 @@ class SidecarOps:
 _SIDECAR: SidecarOps | None = None
 
 
-def start_sidecar(tp) -> SidecarOps | None:
+def start_sidecar(tp) -> SidecarOps:
     """Start the MLflow sidecar for ``tp.uri`` (once per process); it imports MLflow meanwhile."""
     global _SIDECAR
     if _SIDECAR is None or _SIDECAR.uri != tp.uri:
-        import atexit
-
         stop_sidecar()
         _SIDECAR = SidecarOps(tp.uri)
-        atexit.register(stop_sidecar)
     return _SIDECAR
 
 
@@ -172,6 +170,9 @@ def stop_sidecar() -> None:
     if _SIDECAR is not None:
         _SIDECAR.close()
         _SIDECAR = None
+
+
+atexit.register(stop_sidecar)  # a no-op unless a sidecar was started
 
 
 def _ops_for(uri: str):

@@ -202,34 +202,20 @@ def test_prepare_with_valid_small_params_writes_splits(tmp_path, monkeypatch, ca
     assert (tmp_path / "data" / "splits" / "manifest.json").exists()
 
 
-def test_train_unknown_arm(tmp_path, monkeypatch, capsys, base_raw):
+@pytest.mark.parametrize("argv,needles", [
+    (["train", "--arm", "nope", "--seed", "0"], ["unknown arm 'nope'", "known arms", *ARMS]),
+    (["evaluate", "--arm", "nope", "--seed", "0"], ["known arms"]),
+    (["train", "--arm", "lopd", "--seed", "99"], ["seed 99", "train.seeds"]),
+], ids=["train-unknown-arm", "evaluate-unknown-arm", "train-seed-not-in-params"])
+def test_cli_rejects_bad_arm_or_seed_before_anything_else(tmp_path, monkeypatch, capsys, base_raw, argv, needles):
     monkeypatch.chdir(tmp_path)
     good = _write(tmp_path, base_raw)
-    rc = main(["--params", str(good), "train", "--arm", "nope", "--seed", "0"])
+    rc = main(["--params", str(good), *argv])
     out = capsys.readouterr().err
     assert rc == 2, out
-    assert "unknown arm 'nope'" in out and "known arms" in out
-    for a in ARMS:
-        assert a in out
+    missing = [n for n in needles if n not in out]
+    assert not missing, (missing, out)
     # checked before anything else is needed or written (no splits, no base model here)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
-
-
-def test_evaluate_unknown_arm(tmp_path, monkeypatch, capsys, base_raw):
-    monkeypatch.chdir(tmp_path)
-    good = _write(tmp_path, base_raw)
-    rc = main(["--params", str(good), "evaluate", "--arm", "nope", "--seed", "0"])
-    out = capsys.readouterr().err
-    assert rc == 2 and "known arms" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
-
-
-def test_train_seed_not_in_params(tmp_path, monkeypatch, capsys, base_raw):
-    monkeypatch.chdir(tmp_path)
-    good = _write(tmp_path, base_raw)
-    rc = main(["--params", str(good), "train", "--arm", "lopd", "--seed", "99"])
-    out = capsys.readouterr().err
-    assert rc == 2 and "seed 99" in out and "train.seeds" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
