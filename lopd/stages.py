@@ -20,7 +20,7 @@ BASE_DIR = Path("models/base")
 
 def stage_prepare(params: Params) -> dict:
     splits = data_mod.generate_splits(params.envs)
-    manifest = data_mod.write_splits(SPLITS_DIR, splits)
+    manifest = data_mod.write_splits(SPLITS_DIR, splits, data_mod.worlds_record(params.envs))
     counts = {s: manifest["files"][s]["n"] for s in data_mod.SPLITS}
     print(f"wrote splits {counts} to {SPLITS_DIR}")
     return manifest
@@ -30,18 +30,18 @@ def stage_base(params: Params) -> dict:
     """Train (tiny model) or fingerprint (real model) the base policy; evaluate it on val."""
     import torch
 
-    from lopd.base_policy import demonstrations, save_base, train_on_messages
+    from lopd.base_policy import save_base, train_base_policy
     from lopd.evaluate import evaluate_policy, make_envs
-    from lopd.model.backbone import build_tiny_model, dir_hash, load_causal_lm, resolve_device, resolve_dtype
+    from lopd.model.backbone import dir_hash, load_causal_lm, resolve_device, resolve_dtype
     from lopd.model.chat import ChatFormat
-    from lopd.model.tokenizer import build_tokenizer, env_vocabulary, load_tokenizer
+    from lopd.model.tokenizer import load_tokenizer
     from lopd.tracking import Tracker
     from lopd.utils import progress, seed_everything
 
     bp = params.base
     seed_everything(bp.seed, params.model.torch_threads)
     reader = data_mod.SplitReader(SPLITS_DIR, role="base")
-    train, val = reader.load("train"), reader.load("val")
+    val = reader.load("val")  # pretraining uses the pretraining worlds only, never a split
     envs = make_envs(params)
     out_dir = BASE_DIR
     tracker = Tracker(params.tracking, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
@@ -58,10 +58,6 @@ def stage_base(params: Params) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "REAL_MODEL").write_text(str(src) + "\n")
     else:
-        tok = build_tokenizer(env_vocabulary(params.envs.domains, params.envs))
-        model = build_tiny_model(params.model, tok, seed=bp.seed).to(device)
-        fmt = ChatFormat(tok)
-        demos = demonstrations(envs, train, bp.demos_per_task, bp.noise, bp.truncate_prob, bp.seed)
         with progress() as prog:
             task = prog.add_task("base policy", total=bp.steps, info="")
 
@@ -69,11 +65,9 @@ def stage_base(params: Params) -> dict:
                 prog.update(task, advance=1, info=f"loss {loss:.3f}")
                 tracker.log_metrics({"train_loss": loss}, step)
 
-            losses = train_on_messages(model, fmt, demos, steps=bp.steps, batch_size=bp.batch_size, lr=bp.lr,
-                                       seed=bp.seed, on_step=on_step)
+            model, tok, info = train_base_policy(params, envs, on_step=on_step)
         save_base(model, tok, out_dir / "model")
-        result.update(trained=True, n_demos=len(demos), final_loss=losses[-1],
-                      n_params=sum(p.numel() for p in model.parameters()))
+        result.update(trained=True, n_demos=info["n_demos"], final_loss=info["final_loss"], n_params=info["n_params"])
     fmt = ChatFormat(tok)
     ev = params.evaluate
     res = evaluate_policy(model, fmt, envs, val, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,

@@ -188,8 +188,7 @@ class Trainer:
     def teacher_prefix(self, tasks: list[Task]):
         """(prefix, prefix_mask, c_phi, c_phi0, latent) for the teacher of each task."""
         if self.arm.context == "text":
-            ctx = [[i for e in self.experiences_for(t) for i in self.bb.fmt.exp + e]
-                   for t in tasks]
+            ctx = [self.bb.fmt.join_context(self.experiences_for(t)) for t in tasks]
             ids, mask = pad_sequences(ctx, self.bb.fmt.pad_id, self.bb.device, left=True)
             with torch.no_grad():
                 emb = self.bb.embed(ids)
