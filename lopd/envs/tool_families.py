@@ -1,0 +1,327 @@
+"""The tool families: their option pools, goals, rules and scripted solvers.
+
+A family fixes a procedure — a prerequisite call, an operation on two arguments, a closing
+call — and the option pools a world's conventions are drawn from: the tool name of each
+step, the unit word the operation's value carries, and the order of the operation's two
+arguments. :class:`Family` applies the conventions; subclasses say what each step does.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+ITEMS = ["apple", "bolt", "cable", "drill", "glue"]
+USERS = ["ana", "bob", "cy", "dee", "eve"]
+AGENTS = ["kim", "lee", "max", "ned"]
+DIGITS = [str(i) for i in range(10)]
+ORDERS = ["fwd", "rev"]  # the operation's two arguments as the prompt states them, or swapped
+MAX_OPTIONS = 4  # every name/unit slot has this many options
+
+
+@dataclass
+class State:
+    spec: dict[str, Any]
+    conv: dict[str, str]
+    vars: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+
+def split_action(action: str) -> list[str]:
+    return action.strip().split()
+
+
+# --------------------------------------------------------------------------- families
+class Family(ABC):
+    """One family: its option pools, goal, rules and scripted solver. Subclasses say what
+    the prerequisite, the operation and the closing call do; the conventions (names, order,
+    unit) are applied here, so every family obeys them the same way."""
+
+    name: str
+    pools: dict[str, list[str]]  # slot -> options: prereq, op, close (tool names), unit (value unit)
+    extra_tools: tuple[str, ...] = ()
+
+    def slots(self) -> dict[str, list[str]]:
+        return {**self.pools, "order": ORDERS}
+
+    @abstractmethod
+    def make(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
+        """(goal text of the prompt, hidden task spec)."""
+
+    @abstractmethod
+    def init(self, st: State) -> None: ...
+
+    @abstractmethod
+    def prereq_args(self, spec: dict) -> list[str]:
+        """Arguments of the correct prerequisite call."""
+
+    @abstractmethod
+    def on_prereq(self, st: State, args: list[str]) -> str:
+        """Apply the prerequisite call; return the observation."""
+
+    @abstractmethod
+    def op_args(self, spec: dict) -> tuple[str, str]:
+        """The operation's two arguments in prompt ("fwd") order."""
+
+    @abstractmethod
+    def on_op(self, st: State, a: str, b: str) -> str:
+        """Apply the operation on its (re-ordered to fwd) arguments; return the observation."""
+
+    def close_args(self, spec: dict) -> list[str]:
+        return []
+
+    def on_close(self, st: State, args: list[str]) -> str:
+        if args:
+            return "error unknown"
+        st.vars["closed"] = True
+        st.done = True
+        return "ok"
+
+    def on_extra(self, st: State, w: list[str]) -> str:
+        return "error unknown"
+
+    def extra_steps(self, spec: dict) -> list[str]:
+        """Scripted actions between the prerequisite and the operation (none by default)."""
+        return []
+
+    @abstractmethod
+    def checks(self, st: State) -> list[bool]:
+        """The three goal checks of the final state: prerequisite done, goal reached, closed."""
+
+    @abstractmethod
+    def args_vocab(self) -> list[str]: ...
+
+    # ------------------------------------------------------------ conventions applied
+    def step(self, st: State, w: list[str]) -> str:
+        c = st.conv
+        if not w:
+            return "error unknown"
+        if w[0] == c["prereq"]:
+            return self.on_prereq(st, w[1:])
+        if w[0] == c["op"]:
+            if len(w) != 4:
+                return "error args"
+            if w[3] != c["unit"]:
+                return "error unit"
+            a, b = (w[1], w[2]) if c["order"] == "fwd" else (w[2], w[1])
+            return self.on_op(st, a, b)
+        if w[0] == c["close"]:
+            return self.on_close(st, w[1:])
+        if w[0] in self.extra_tools:
+            return self.on_extra(st, w)
+        return "error unknown"
+
+    def solve(self, spec: dict) -> list[str]:
+        c = spec["conventions"]
+        a, b = self.op_args(spec)
+        if c["order"] == "rev":
+            a, b = b, a
+        return [" ".join([c["prereq"], *self.prereq_args(spec)]), *self.extra_steps(spec),
+                f"{c['op']} {a} {b} {c['unit']}", " ".join([c["close"], *self.close_args(spec)])]
+
+
+class Inventory(Family):
+    """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> ITEM QTY <unit>``."""
+
+    name = "inventory"
+    pools = {"prereq": ["lookup", "count", "scan", "audit"], "op": ["put", "store", "write", "update"],
+             "close": ["commit", "sync", "flush", "finish"], "unit": ["pcs", "kg", "box", "lot"]}
+
+    def make(self, rng):
+        item, q = rng.choice(ITEMS), rng.randrange(10)
+        cur = rng.choice([c for c in range(10) if c != q])  # never already at the goal
+        return f"set {item} to {q}", {"item": item, "qty": q, "current": cur}
+
+    def init(self, st):
+        st.vars = {"stock": {st.spec["item"]: st.spec["current"]}, "looked": set(), "closed": False}
+
+    def prereq_args(self, spec):
+        return [spec["item"]]
+
+    def on_prereq(self, st, args):
+        if len(args) != 1 or args[0] not in ITEMS:
+            return "error args"
+        st.vars["looked"].add(args[0])
+        return f"{args[0]} has {st.vars['stock'].get(args[0], 0)}"
+
+    def op_args(self, spec):
+        return spec["item"], str(spec["qty"])
+
+    def on_op(self, st, a, b):
+        if a not in ITEMS or b not in DIGITS:
+            return "error args"
+        if a not in st.vars["looked"]:
+            return "error locked"
+        st.vars["stock"][a] = int(b)
+        return "ok"
+
+    def checks(self, st):
+        s, v = st.spec, st.vars
+        return [s["item"] in v["looked"], v["stock"].get(s["item"]) == s["qty"], v["closed"]]
+
+    def args_vocab(self):
+        return ITEMS + DIGITS + ["has"]
+
+
+class Bank(Family):
+    """Prerequisite ``<prereq>`` (authenticates) before ``<op> USER AMOUNT <unit>``."""
+
+    name = "bank"
+    pools = {"prereq": ["auth", "login", "verify", "unlock"], "op": ["pay", "transfer", "wire", "remit"],
+             "close": ["logout", "exit", "quit", "leave"], "unit": ["usd", "eur", "gbp", "yen"]}
+
+    def make(self, rng):
+        user, amt = rng.choice(USERS), rng.randrange(1, 10)
+        return f"send {amt} to {user}", {"user": user, "amount": amt}
+
+    def init(self, st):
+        st.vars = {"authed": False, "paid": {}, "closed": False}
+
+    def prereq_args(self, spec):
+        return []
+
+    def on_prereq(self, st, args):
+        if args:
+            return "error args"
+        st.vars["authed"] = True
+        return "ok"
+
+    def op_args(self, spec):
+        return spec["user"], str(spec["amount"])
+
+    def on_op(self, st, a, b):
+        if a not in USERS or b not in DIGITS:
+            return "error args"
+        if not st.vars["authed"]:
+            return "error denied"
+        st.vars["paid"][a] = st.vars["paid"].get(a, 0) + int(b)
+        return "ok"
+
+    def checks(self, st):
+        s, v = st.spec, st.vars
+        return [v["authed"], v["paid"] == {s["user"]: s["amount"]}, v["closed"]]
+
+    def args_vocab(self):
+        return USERS + DIGITS
+
+
+class Thermo(Family):
+    """Prerequisite ``<prereq> ROOM`` (reads the current temperature) before
+    ``<op> ROOM TARGET <unit>``, which also needs ``mode heat`` when raising and ``mode cool``
+    when lowering the reading (``mode`` is not a convention: the reading decides it)."""
+
+    name = "thermo"
+    pools = {"prereq": ["read", "poll", "sense", "probe"], "op": ["temp", "adjust", "tune", "dial"],
+             "close": ["save", "apply", "confirm", "keep"], "unit": ["deg", "cel", "fah", "kel"]}
+    extra_tools = ("mode",)
+
+    def make(self, rng):
+        room, target = rng.randrange(1, 6), rng.randrange(10)
+        cur = rng.choice([c for c in range(10) if c != target])
+        return f"set room {room} to {target}", {"room": room, "target": target, "current": cur}
+
+    def init(self, st):
+        st.vars = {"temp": st.spec["current"], "mode": None, "read": set(), "closed": False}
+
+    def prereq_args(self, spec):
+        return [str(spec["room"])]
+
+    def on_prereq(self, st, args):
+        if len(args) != 1 or args[0] not in DIGITS:
+            return "error args"
+        st.vars["read"].add(int(args[0]))
+        return f"room {args[0]} is {st.vars['temp'] if int(args[0]) == st.spec['room'] else 5}"
+
+    def on_extra(self, st, w):
+        if len(w) == 2 and w[1] in ("heat", "cool"):
+            st.vars["mode"] = w[1]
+            return "ok"
+        return "error args"
+
+    def extra_steps(self, spec):
+        return ["mode " + ("heat" if spec["target"] > spec["current"] else "cool")]
+
+    def op_args(self, spec):
+        return str(spec["room"]), str(spec["target"])
+
+    def on_op(self, st, a, b):
+        v = st.vars
+        if a not in DIGITS or b not in DIGITS:
+            return "error args"
+        if int(a) != st.spec["room"]:
+            return "error room"
+        if int(a) not in v["read"]:
+            return "error stale"
+        if v["mode"] != ("heat" if int(b) > v["temp"] else "cool"):
+            return "error mode"
+        v["temp"] = int(b)
+        return "ok"
+
+    def checks(self, st):
+        v = st.vars
+        return [st.spec["room"] in v["read"], v["temp"] == st.spec["target"], v["closed"]]
+
+    def args_vocab(self):
+        return DIGITS + ["heat", "cool", "room", "is"]
+
+
+class Ticket(Family):
+    """Prerequisite ``<prereq> ID`` (finds the ticket) before ``<op> ID AGENT <unit>``;
+    ``<close> ID`` needs an assignee (else ``error unassigned``) and ends the episode."""
+
+    name = "ticket"
+    pools = {"prereq": ["find", "pull", "claim", "fetch"], "op": ["assign", "route", "give", "hand"],
+             "close": ["close", "shut", "settle", "archive"], "unit": ["p1", "p2", "p3", "p4"]}
+
+    def make(self, rng):
+        tid, agent = rng.randrange(10), rng.choice(AGENTS)
+        return f"resolve {tid} for {agent}", {"ticket": tid, "agent": agent}
+
+    def init(self, st):
+        st.vars = {"found": set(), "assignee": None, "closed": False}
+
+    def prereq_args(self, spec):
+        return [str(spec["ticket"])]
+
+    def on_prereq(self, st, args):
+        if len(args) != 1 or args[0] not in DIGITS:
+            return "error args"
+        st.vars["found"].add(int(args[0]))
+        return f"ticket {args[0]} open"
+
+    def op_args(self, spec):
+        return str(spec["ticket"]), spec["agent"]
+
+    def on_op(self, st, a, b):
+        if a not in DIGITS or b not in AGENTS:
+            return "error args"
+        if int(a) not in st.vars["found"] or int(a) != st.spec["ticket"]:
+            return "error unknown"
+        st.vars["assignee"] = b
+        return "ok"
+
+    def close_args(self, spec):
+        return [str(spec["ticket"])]
+
+    def on_close(self, st, args):
+        if len(args) != 1 or args[0] not in DIGITS:
+            return "error args"
+        st.done = True
+        if st.vars["assignee"] is None or int(args[0]) != st.spec["ticket"]:
+            return "error unassigned"
+        st.vars["closed"] = True
+        return "ok"
+
+    def checks(self, st):
+        v = st.vars
+        return [st.spec["ticket"] in v["found"], v["assignee"] == st.spec["agent"], v["closed"]]
+
+    def args_vocab(self):
+        return DIGITS + AGENTS + ["ticket", "open"]
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
+OBS_WORDS = ["ok", "error", "locked", "denied", "mode", "unknown", "room", "unassigned", "args", "unit", "stale"]
+PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
