@@ -98,19 +98,44 @@ def pretraining_demos(envs: dict, bp, envs_seed: int) -> list[Demo]:
     return demos
 
 
+def encode_demo(fmt: ChatFormat, demo: Demo, context_loss: bool) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of a demo: its context (:meth:`ChatFormat.context_ids`) then its own
+    trajectory. The loss is on the demo's assistant tokens and, with ``context_loss``, also on
+    the context trajectories' assistant tokens — each one is then a demonstration of a success
+    conditioned on the same-world successes before it (more supervision per token, as in
+    language-model pretraining on documents)."""
+    ids, mask = fmt.encode_with_context(demo.context, demo.messages)
+    if context_loss:
+        ctx_mask: list[int] = []
+        for msgs in demo.context:
+            own_ids, own_mask = fmt.encode_messages(msgs)
+            ctx_mask += [0] * len(fmt.exp) + own_mask[len(own_ids) - len(fmt.experience_ids(msgs)):]
+        mask = ctx_mask + mask[len(ctx_mask):]
+    return ids, mask
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (sorted by length, then chunked), so a
+    batch pads little; training draws one of them at random per step."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 def train_on_demos(model, fmt: ChatFormat, demos: list[Demo], *, steps: int, batch_size: int,
-                   lr: float, seed: int, on_step=None) -> list[float]:
-    """Next-token NLL on the assistant tokens of ``demos`` (never on their contexts); returns
-    the loss per step."""
+                   lr: float, seed: int, context_loss: bool = False, on_step=None) -> list[float]:
+    """Next-token NLL (token mean) on the supervised tokens of ``demos`` (:func:`encode_demo`),
+    AdamW with a 20-step warm-up and a linear decay to 5% of ``lr``, gradient norm clipped at
+    1; returns the loss per step."""
     device = next(model.parameters()).device
-    encoded = [fmt.encode_with_context(d.context, d.messages) for d in demos]
+    encoded = [encode_demo(fmt, d, context_loss) for d in demos]
+    batches = length_batches([len(e[0]) for e in encoded], batch_size)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     losses = []
     model.train()
     for step in range(steps):
-        idx = torch.randint(len(encoded), (batch_size,), generator=g).tolist()
+        idx = batches[int(torch.randint(len(batches), (1,), generator=g))]
         ids, attn = pad_sequences([encoded[i][0] for i in idx], fmt.pad_id, device)
         gmask, _ = pad_sequences([encoded[i][1] for i in idx], 0, device)
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
@@ -139,7 +164,7 @@ def train_base_policy(params, envs: dict, on_step=None):
     model = build_tiny_model(params.model, tok, seed=bp.seed).to(resolve_device(params.model))
     demos = pretraining_demos(envs, bp, params.envs.seed)
     losses = train_on_demos(model, ChatFormat(tok), demos, steps=bp.steps, batch_size=bp.batch_size, lr=bp.lr,
-                            seed=bp.seed, on_step=on_step)
+                            seed=bp.seed, context_loss=bp.context_loss, on_step=on_step)
     info = {"n_demos": len(demos), "final_loss": losses[-1], "n_params": sum(p.numel() for p in model.parameters()),
             "losses": losses}
     return model, tok, info

@@ -67,8 +67,8 @@ class EnvParams(_Section):
     # worlds (lopd.envs.base.WorldConfig): target worlds shared by train/val/test, disjoint
     # pretraining worlds for the base policy, options per convention slot, null world
     n_target_worlds: int = Field(8, ge=1)
-    n_pretrain_worlds: int = Field(64, ge=1)
-    n_options: int = Field(3, ge=2, le=4)
+    n_pretrain_worlds: int = Field(240, ge=1)
+    n_options: int = Field(2, ge=1, le=4)
     null_world: bool = False
 
     @model_validator(mode="after")
@@ -95,10 +95,11 @@ class TrackingParams(_Section):
 
 
 class BaseParams(_Section):
-    tasks_per_world: int = Field(8, ge=2)
+    tasks_per_world: int = Field(4, ge=2)
     demos_per_task: int = Field(3, ge=1)
     # P(n same-world successes in a demo's context) for n = 0, 1, ..., len-1
     context_probs: list[float] = [0.25, 0.25, 0.25, 0.25]
+    context_loss: bool = True  # also supervise the context trajectories (lopd.base_policy.encode_demo)
     noise: float = Field(0.3, ge=0.0, le=1.0)
     truncate_prob: float = Field(0.1, ge=0.0, le=1.0)
     steps: int = Field(300, ge=1)

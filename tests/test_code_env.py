@@ -28,10 +28,11 @@ def test_protocol_attributes(env):
 
 
 def test_examples_from_spec():
-    assert reference("scale_shift", {"a": 2, "b": 3}, 4, "+ 12") == 23
-    assert reference("wrap", {"a": 4, "m": 7}, 5, "- 17") == 2 - 17
-    assert reference("clamp", {"lo": 2, "hi": 9}, 12, "* 11") == 99
-    assert reference("parity", {"a": 3, "b": 5}, 7, "+ 15") == 20
+    c = {"scale": "13", "offset": "17"}
+    assert reference("scale_shift", {"a": 2, "b": 3}, 4, c) == 11 * 13 + 17
+    assert reference("wrap", {"a": 4, "m": 7}, 5, c) == 2 * 13 + 17
+    assert reference("clamp", {"lo": 2, "hi": 9}, 12, c) == 9 * 13 + 17
+    assert reference("parity", {"a": 3, "b": 5}, 7, c) == 5 * 13 + 17
     env = CodeEnv()
     by_family = {}
     for t in env.generate(3, 40):
@@ -44,7 +45,8 @@ def test_examples_from_spec():
         sol = env.solve(t)[0]
         assert " ".join(sol.split()) == sol
         assert sol.startswith("def f ( x ) : return ( ")
-        assert sol.endswith(" ) " + t.spec["conventions"]["tail"])
+        c = t.spec["conventions"]
+        assert sol.endswith(f" ) * {c['scale']} + {c['offset']}")
 
 
 def test_determinism_and_unique_ids(env):
@@ -69,7 +71,7 @@ def test_spec_contents(env):
         assert s["family"] == t.family
         assert len(s["inputs"]) == 6 and len(set(s["inputs"])) == 6
         assert all(-5 <= x <= 15 for x in s["inputs"])
-        assert s["expected"] == [reference(t.family, s["params"], x, s["conventions"]["tail"]) for x in s["inputs"]]
+        assert s["expected"] == [reference(t.family, s["params"], x, s["conventions"]) for x in s["inputs"]]
         assert all(0 <= v <= 9 for v in s["params"].values())
         if t.family == "clamp":
             assert s["params"]["lo"] < s["params"]["hi"]

@@ -127,7 +127,7 @@ def test_scripted_solution_observations(env):
     item = t.spec["item"]
     assert msgs[1:] == [("assistant", f"{c['prereq']} {item}"), ("obs", f"{item} has {t.spec['current']}"),
                         ("assistant", _op(t, item, t.spec["qty"])), ("obs", "ok"),
-                        ("assistant", c["close"])]
+                        ("assistant", "commit")]
     assert r == 1.0
 
 
@@ -136,10 +136,10 @@ def test_inventory_op_before_prereq(env, tasks):
         item, q = t.spec["item"], t.spec["qty"]
         ep = env.episode(t)
         assert ep.step(_op(t, item, q)).observation == "error locked"
-        ep.step(_c(t)["close"])
-        assert ep.reward() == pytest.approx(1 / 3)  # closed; neither prerequisite nor goal
-        _, r = run_actions(env, t, [_op(t, item, q), f"{_c(t)['prereq']} {item}", _c(t)["close"]])
-        assert r == pytest.approx(2 / 3)
+        ep.step("commit")
+        assert ep.reward() == 0.0  # closed before the goal held: no check met
+        _, r = run_actions(env, t, [_op(t, item, q), f"{_c(t)['prereq']} {item}", "commit"])
+        assert r == pytest.approx(1 / 3)  # only the prerequisite
 
 
 def test_bank_op_before_prereq(env, tasks):
@@ -148,11 +148,14 @@ def test_bank_op_before_prereq(env, tasks):
         ep = env.episode(t)
         assert ep.step(_op(t, u, a)).observation == "error denied"
         assert ep.step(c["prereq"]).observation == "ok"
-        assert ep.step(c["close"]).done
-        assert ep.reward() == pytest.approx(2 / 3)
+        assert ep.step("logout").done
+        assert ep.reward() == pytest.approx(1 / 3)
         # paying twice overshoots the goal
-        _, r = run_actions(env, t, [c["prereq"], _op(t, u, a), _op(t, u, a), c["close"]])
-        assert r == pytest.approx(2 / 3)
+        _, r = run_actions(env, t, [c["prereq"], _op(t, u, a), _op(t, u, a), "logout"])
+        assert r == pytest.approx(1 / 3)
+        # logging out before paying ends the episode: the payment never happens
+        _, r = run_actions(env, t, [c["prereq"], "logout", _op(t, u, a)])
+        assert r == pytest.approx(1 / 3)
 
 
 def test_thermo_wrong_mode_room_or_no_read(env, tasks):
@@ -164,8 +167,8 @@ def test_thermo_wrong_mode_room_or_no_read(env, tasks):
         ep.step(f"{c['prereq']} {s['room']}")
         ep.step(f"mode {wrong}")
         assert ep.step(_op(t, s["room"], s["target"])).observation == "error mode"
-        ep.step(c["close"])
-        assert ep.reward() == pytest.approx(2 / 3)
+        ep.step("save")
+        assert ep.reward() == pytest.approx(1 / 3)
         # no reading first: refused even with the right mode
         ep = env.episode(t)
         ep.step(f"mode {right}")
@@ -189,13 +192,13 @@ def test_ticket_op_before_prereq(env, tasks):
         i, a, c = t.spec["ticket"], t.spec["agent"], _c(t)
         ep = env.episode(t)
         assert ep.step(_op(t, i, a)).observation == "error unknown"
-        res = ep.step(f"{c['close']} {i}")
+        res = ep.step(f"close {i}")
         assert res.done
         assert ep.reward() == 0.0
         # wrong agent
         wrong = next(x for x in ("kim", "lee", "max", "ned") if x != a)
-        _, r = run_actions(env, t, [f"{c['prereq']} {i}", _op(t, i, wrong), f"{c['close']} {i}"])
-        assert r == pytest.approx(2 / 3)
+        _, r = run_actions(env, t, [f"{c['prereq']} {i}", _op(t, i, wrong), f"close {i}"])
+        assert r == pytest.approx(1 / 3)
 
 
 def test_wrong_unit_and_swapped_arguments(env, tasks):

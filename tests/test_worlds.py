@@ -11,7 +11,7 @@ import pytest
 from lopd.config import deep_merge, parse_params, read_yaml_mapping
 from lopd.data import SPLITS, generate_splits
 from lopd.envs import WorldConfig, make_env
-from lopd.envs.code import TAILS, CodeEnv
+from lopd.envs.code import SLOTS, CodeEnv
 from lopd.envs.tool import FAMILIES, ORDERS, ToolEnv, run_actions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,8 +102,6 @@ def test_no_convention_string_in_any_prompt(profile_splits):
             for phrase in _conv_phrases(t):
                 assert not _phrase_in(phrase, t.prompt), (t.task_id, phrase, t.prompt)
             assert not set(t.prompt.split()) & set(options[t.domain]), t.prompt
-            if t.domain == "code":
-                assert not any(_phrase_in(x, t.prompt) for x in TAILS), t.prompt
             checked += 1
     assert checked == sum(len(splits[s]) for s in SPLITS) > 0
 
@@ -143,7 +141,7 @@ def test_successful_trajectory_reveals_tool_conventions():
         assert r == 1.0
         actions = [a.split() for role, a in msgs if role == "assistant"]
         c = t.spec["conventions"]
-        assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], c["close"]]
+        assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], FAMILIES[t.family].closing]
         op = next(a for a in actions if a[0] == c["op"])
         assert op[-1] == c["unit"]
         fam = FAMILIES[t.family]
@@ -154,11 +152,11 @@ def test_successful_trajectory_reveals_tool_conventions():
         assert peer.spec["conventions"] == c
 
 
-def test_successful_solution_reveals_code_tail():
+def test_successful_solution_reveals_code_constants():
     env = make_env("code", _params().envs)
     for t in env.generate(3, 32):
-        sol = env.solve(t)[0]
-        assert sol.endswith(") " + t.spec["conventions"]["tail"])
+        c = t.spec["conventions"]
+        assert env.solve(t)[0].endswith(f") * {c['scale']} + {c['offset']}")
 
 
 def _wrong(options: list[str], right: str) -> list[str]:
@@ -173,7 +171,7 @@ def test_wrong_tool_convention_lowers_reward():
         right = env.solve(t)
         _, r = run_actions(env, t, right)
         assert r == 1.0
-        for slot in ("prereq", "op", "close", "unit", "order"):
+        for slot in ("prereq", "op", "unit", "order"):
             opts = ORDERS if slot == "order" else FAMILIES[t.family].pools[slot][:n]
             for other in _wrong(opts, c[slot]):
                 bad = dict(t.spec, conventions={**c, slot: other})
@@ -184,23 +182,31 @@ def test_wrong_tool_convention_lowers_reward():
                 assert rw < 1.0, (t.task_id, slot, other, wrong_actions)
 
 
-def test_wrong_code_tail_fails():
+def _with(t, **conv):
+    from lopd.envs.code import solution_text
+
+    return solution_text(t.family, t.spec["params"], {**t.spec["conventions"], **conv})
+
+
+@pytest.mark.parametrize("n_options", [2, 4])
+def test_wrong_code_constant_fails(n_options):
     from lopd.envs.code import _trusted_passes
 
-    env = make_env("code", _params().envs)
-    for t in env.generate(4, 40):
+    p = parse_params({"envs": {"n_options": n_options}})
+    env = make_env("code", p.envs)
+    for t in env.generate(4, 200):
         s = t.spec
         assert _trusted_passes(s["solution"], s["inputs"], s["expected"])
-        for other in _wrong(TAILS, s["conventions"]["tail"]):
-            wrong = s["solution"][: -len(s["conventions"]["tail"])] + other
-            assert not _trusted_passes(wrong, s["inputs"], s["expected"]), (t.task_id, wrong)
+        for slot, opts in SLOTS.items():
+            for other in _wrong(opts, s["conventions"][slot]):
+                wrong = _with(t, **{slot: other})
+                assert not _trusted_passes(wrong, s["inputs"], s["expected"]), (t.task_id, wrong)
 
 
-def test_wrong_code_tail_fails_in_sandbox():
+def test_wrong_code_constant_fails_in_sandbox():
     env = make_env("code", _params().envs)
     t = env.generate(5, 1)[0]
-    tail = t.spec["conventions"]["tail"]
-    wrong = t.spec["solution"][: -len(tail)] + _wrong(TAILS, tail)[0]
+    wrong = _with(t, offset=_wrong(SLOTS["offset"], t.spec["conventions"]["offset"])[0])
     for action, want in ((t.spec["solution"], 1.0), (wrong, 0.0)):
         ep = env.episode(t)
         ep.step(action)
@@ -233,3 +239,27 @@ def test_base_pretraining_uses_pretraining_worlds_only():
             if env.max_turns > 1:
                 assert run_actions(env, u, env.solve(u))[1] == 1.0
     assert set(sizes) == set(range(len(p.base.context_probs)))
+
+
+def test_encode_demo_masks():
+    """The loss is on the demo's assistant tokens, and with context_loss also on the context
+    trajectories' assistant tokens; never on prompts, observations, headers or <|exp|>."""
+    from lopd.base_policy import Demo, encode_demo
+    from lopd.model.chat import ChatFormat
+    from lopd.model.tokenizer import build_tokenizer, env_vocabulary
+
+    fmt = ChatFormat(build_tokenizer(env_vocabulary(["tool"])))
+    e1 = [("user", "bank : send 3 to ana"), ("assistant", "auth"), ("obs", "ok"), ("assistant", "pay ana 3 usd")]
+    demo = Demo(context=[e1], messages=[("user", "bank : send 4 to bob"), ("assistant", "auth")])
+    v = fmt.tok.get_vocab()
+    ctx = [v["<|exp|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["3"], v["to"], v["ana"], v["<|end|>"],
+           v["<|assistant|>"], v["auth"], v["<|end|>"], v["<|obs|>"], v["ok"], v["<|end|>"], v["<|assistant|>"],
+           v["pay"], v["ana"], v["3"], v["usd"], v["<|end|>"]]
+    own = [v["<|bos|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["4"], v["to"], v["bob"], v["<|end|>"],
+           v["<|assistant|>"], v["auth"], v["<|end|>"]]
+    ids, mask = encode_demo(fmt, demo, context_loss=False)
+    assert ids == ctx + own
+    assert mask == [0] * len(ctx) + [0] * 10 + [1, 1]
+    ids2, mask2 = encode_demo(fmt, demo, context_loss=True)
+    assert ids2 == ids
+    assert mask2 == [0] * 10 + [1, 1] + [0] * 4 + [1] * 5 + [0] * 10 + [1, 1]

@@ -117,12 +117,13 @@ class WorldConfig:
     only to pretrain the base policy; each convention slot draws from its first ``n_options``
     options. With ``null_world`` every *target* task draws its conventions afresh (so
     same-world experience says nothing about it); pretraining worlds are unaffected, so the
-    base policy is the same reader of context either way.
+    base policy is the same reader of context either way. The defaults (an env built without
+    params, as in unit tests) are params.yaml's.
     """
 
     n_target: int = 8
-    n_pretrain: int = 64
-    n_options: int = 3
+    n_pretrain: int = 240
+    n_options: int = 2
     null_world: bool = False
     seed: int = 1234
 

@@ -1,18 +1,20 @@
 """Program synthesis: write a one-line Python function ``f`` from a parametrised task.
 
 Each task lives in a *world* (a seeded instance of a task family, see
-:func:`lopd.envs.base.make_worlds`) whose hidden convention is a *tail*: an operator and a
-constant applied to the family's expression. The prompt names the world and the family's
-parameters, never the tail; a successful solution in the same world shows it. Every word of
-a prompt or a solution comes from a small fixed vocabulary, separated by single spaces (the
-tokenizer is word-level); the solution text is run exactly as written::
+:func:`lopd.envs.base.make_worlds`) whose hidden conventions are two constants: a *scale* and
+an *offset* applied to the family's expression (``( expr ) * scale + offset``). The prompt
+names the world and the family's parameters, never the constants; a successful solution in
+the same world shows them. Every word of a prompt or a solution comes from a small fixed
+vocabulary, separated by single spaces (the tokenizer is word-level); the solution text is
+run exactly as written::
 
-    task ke ro scale_shift a 2 b 3   ->  def f ( x ) : return ( x * 2 + 3 ) - 17
-    task ba lo wrap a 4 m 7          ->  def f ( x ) : return ( ( x + 4 ) % 7 ) + 12
-    task ze mu clamp lo 2 hi 9       ->  def f ( x ) : return ( max ( 2 , min ( 9 , x ) ) ) * 11
-    task di fo parity a 3 b 5        ->  def f ( x ) : return ( 3 if x % 2 == 0 else 5 ) + 15
+    task ke ro scale_shift a 2 b 3   ->  def f ( x ) : return ( x * 2 + 3 ) * 13 + 17
+    task ba lo wrap a 4 m 7          ->  def f ( x ) : return ( ( x + 4 ) % 7 ) * 11 + 12
+    task ze mu clamp lo 2 hi 9       ->  def f ( x ) : return ( max ( 2 , min ( 9 , x ) ) ) * 11 + 17
+    task di fo parity a 3 b 5        ->  def f ( x ) : return ( 3 if x % 2 == 0 else 5 ) * 13 + 12
 
-No two tails agree on any integer, so a wrong tail always fails. One turn: the action is the
+The hidden inputs always give the expression at least two distinct values, so a wrong scale
+or offset always fails (two different lines agree on at most one point). One turn: the action is the
 program. It is run in :mod:`lopd.sandbox` on hidden inputs and the outputs are compared, in
 this process, with a pure-Python reference; the reward is 1.0 when every output matches
 exactly (same type and value) and 0.0 otherwise.
@@ -36,7 +38,7 @@ _Params = dict[str, int]
 
 
 def _sample_scale_shift(rng: random.Random) -> _Params:
-    return {"a": rng.randint(0, 9), "b": rng.randint(0, 9)}
+    return {"a": rng.randint(1, 9), "b": rng.randint(0, 9)}  # a >= 1: the expression is never constant
 
 
 def _sample_wrap(rng: random.Random) -> _Params:
@@ -80,10 +82,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
 }
 
-# the world convention: an operator and a constant applied to the family's expression
-# (options in order; a world draws from the first ``n_options``)
-TAILS = ["+ 12", "- 17", "* 11", "+ 15"]
-_TAIL_OPS = {"+": lambda v, k: v + k, "-": lambda v, k: v - k, "*": lambda v, k: v * k}
+# the world conventions: ``( expr ) * scale + offset`` (options in order; a world draws each
+# from the first ``n_options``); two-digit words, so no prompt (single digits) can contain one
+SLOTS = {"scale": ["11", "13", "14", "16"], "offset": ["12", "17", "15", "19"]}
 
 # operator swaps used by the noisy solver (every word stays inside the vocabulary)
 _SWAPS = {"*": "+", "+": "-", "%": "//", "max": "min", "min": "max", "==": "!=", "x": "0"}
@@ -92,13 +93,13 @@ CODE_WORDS = ["def", "f", "(", "x", ")", ":", "return", "*", "+", "%", "max", ",
               "if", "==", "else", "-", "//", "!="]
 
 
-def solution_text(family: str, params: _Params, tail: str) -> str:
-    return f"def f ( x ) : return ( {FAMILIES[family]['template'].format(**params)} ) {tail}"
+def solution_text(family: str, params: _Params, conv: dict[str, str]) -> str:
+    expr = FAMILIES[family]["template"].format(**params)
+    return f"def f ( x ) : return ( {expr} ) * {conv['scale']} + {conv['offset']}"
 
 
-def reference(family: str, params: _Params, x: int, tail: str) -> int:
-    op, k = tail.split()
-    return _TAIL_OPS[op](FAMILIES[family]["ref"](params, x), int(k))
+def reference(family: str, params: _Params, x: int, conv: dict[str, str]) -> int:
+    return FAMILIES[family]["ref"](params, x) * int(conv["scale"]) + int(conv["offset"])
 
 
 def _sample_inputs(rng: random.Random) -> list[int]:
@@ -182,9 +183,9 @@ class CodeEnv:
         self.families = names
         self.timeout_s = timeout_s
         self.world_cfg = worlds or WorldConfig()
-        if not 1 <= self.world_cfg.n_options <= len(TAILS):
-            raise ValueError(f"n_options must be in 1..{len(TAILS)}, got {self.world_cfg.n_options}")
-        self.worlds = make_worlds(self.domain, names, lambda f: {"tail": TAILS}, self.world_cfg)
+        if not 1 <= self.world_cfg.n_options <= len(SLOTS["scale"]):
+            raise ValueError(f"n_options must be in 1..{len(SLOTS['scale'])}, got {self.world_cfg.n_options}")
+        self.worlds = make_worlds(self.domain, names, lambda f: SLOTS, self.world_cfg)
 
     def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
         """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
@@ -199,14 +200,16 @@ class CodeEnv:
             fam = FAMILIES[family]
             params = fam["sample"](rng)
             inputs = _sample_inputs(rng)
-            conv = task_conventions(world, self.world_cfg, {"tail": TAILS}, seed, i)
-            expected = [reference(family, params, x, conv["tail"]) for x in inputs]
+            while len({fam["ref"](params, x) for x in inputs}) < 2:  # keep wrong constants detectable
+                inputs = _sample_inputs(rng)
+            conv = task_conventions(world, self.world_cfg, SLOTS, seed, i)
+            expected = [reference(family, params, x, conv) for x in inputs]
             prompt = " ".join(["task", world.name, family] + [f"{k} {params[k]}" for k in fam["params"]])
             tag = "" if pool == "target" else "p"
             tasks.append(Task(
                 task_id=f"code/{family}/{tag}{seed}-{i:05d}", domain=self.domain, family=family, prompt=prompt,
                 spec={"family": family, "params": params, "inputs": inputs, "expected": expected, "conventions": conv,
-                      "solution": solution_text(family, params, conv["tail"])},
+                      "solution": solution_text(family, params, conv)},
                 world=world.name))
         return tasks
 
@@ -226,16 +229,15 @@ class CodeEnv:
         return [bad]
 
     def convention_words(self) -> list[str]:
-        """The tails' constants: the words that only experience can reveal (their operators
-        are ordinary code words)."""
-        return sorted({t.split()[1] for t in TAILS})
+        """Every scale and offset option: the words that only experience can reveal."""
+        return sorted({o for opts in SLOTS.values() for o in opts})
 
     def worlds_summary(self) -> dict:
         return worlds_summary(self.worlds)
 
     def vocabulary(self) -> list[str]:
         words = {"task", *FAMILIES, *DIGITS, *CODE_WORDS, *_SWAPS, *_SWAPS.values()}
-        words.update(w for t in TAILS for w in t.split())
+        words.update(self.convention_words())
         words.update(SYLLABLES)  # world names
         for fam in FAMILIES.values():
             words.update(fam["params"])

@@ -1,18 +1,19 @@
 """Stateful, multi-turn tool environments in the spirit of EnvScaler.
 
-Each *family* has a procedure (a prerequisite call, an operation, a closing call) and each
-*world* — a seeded instance of a family (:func:`lopd.envs.base.make_worlds`) — has its own
-**hidden conventions**: which tool name performs the prerequisite, the operation and the
-closing step, the order of the operation's two arguments, and the unit word the operation's
-value must carry. A prompt names its world and states the goal, never the conventions; a
-successful trajectory in the same world shows all of them. Wrong conventions fail: an
-unknown tool name is ``error unknown``, a wrong unit ``error unit``, swapped arguments do
-not parse or address the wrong thing, an operation before its prerequisite is refused.
+Each *family* (:mod:`lopd.envs.tool_families`) has a procedure — a prerequisite call, an
+operation on two arguments, the family's closing call — and each *world* — a seeded instance
+of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: which
+tool name performs the prerequisite (a required preceding call), which performs the
+operation, the order of the operation's two arguments, and the unit word its value must
+carry. A prompt names its world and states the goal, never the conventions; a successful
+trajectory in the same world shows all of them. Wrong conventions fail: an unknown tool name
+is ``error unknown``, a wrong unit ``error unit``, swapped arguments do not parse or address
+the wrong thing, an operation before its prerequisite is refused.
 
 Protocol: the policy emits one action per turn (``"<tool> <args...>"``), the environment
-answers with an observation; the episode ends when the world's closing tool is called or
-after ``max_turns`` actions. Reward = fraction of the family's three goal checks met by the
-final state (prerequisite done, goal state reached, closed).
+answers with an observation; the episode ends when the family's closing tool is called or
+after ``max_turns`` actions. Reward = fraction of the three goal checks met by the final state
+(prerequisite done, goal state reached, closed once the goal held).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class ToolEnv:
         actions = fam.solve(task.spec)
         if noise <= 0 or rng is None:
             return actions
-        names = [n for slot in ("prereq", "op", "close") for n in fam.pools[slot][:self.world_cfg.n_options]]
+        names = [n for slot in ("prereq", "op") for n in fam.pools[slot][:self.world_cfg.n_options]] + [fam.closing]
         out: list[str] = []
         for a in actions:
             if rng.random() >= noise:
@@ -120,7 +121,7 @@ class ToolEnv:
     def vocabulary(self) -> list[str]:
         words = {*OBS_WORDS, *PROMPT_WORDS}
         for fam in FAMILIES.values():
-            words.update([fam.name, *fam.extra_tools, *fam.args_vocab()])
+            words.update([fam.name, fam.closing, *fam.extra_tools, *fam.args_vocab()])
             words.update(o for opts in fam.pools.values() for o in opts)
         words.update(SYLLABLES)  # world names
         return sorted(words)

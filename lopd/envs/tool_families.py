@@ -18,7 +18,7 @@ USERS = ["ana", "bob", "cy", "dee", "eve"]
 AGENTS = ["kim", "lee", "max", "ned"]
 DIGITS = [str(i) for i in range(10)]
 ORDERS = ["fwd", "rev"]  # the operation's two arguments as the prompt states them, or swapped
-MAX_OPTIONS = 4  # every name/unit slot has this many options
+MAX_OPTIONS = 4  # every tool-name/unit slot has this many options
 
 
 @dataclass
@@ -36,11 +36,16 @@ def split_action(action: str) -> list[str]:
 # --------------------------------------------------------------------------- families
 class Family(ABC):
     """One family: its option pools, goal, rules and scripted solver. Subclasses say what
-    the prerequisite, the operation and the closing call do; the conventions (names, order,
-    unit) are applied here, so every family obeys them the same way."""
+    the prerequisite and the operation do and when the goal is reached; the conventions
+    (names, order, unit) are applied here, so every family obeys them the same way.
+
+    Goal checks of the final state (reward = fraction met): the prerequisite was done, the
+    goal state was reached, and the family's closing call was made once the goal held (a
+    commit of the wrong change, or of no change, does not count)."""
 
     name: str
-    pools: dict[str, list[str]]  # slot -> options: prereq, op, close (tool names), unit (value unit)
+    closing: str  # the closing tool (not a convention): ends the episode
+    pools: dict[str, list[str]]  # slot -> options: prereq, op (tool names), unit (value unit)
     extra_tools: tuple[str, ...] = ()
 
     def slots(self) -> dict[str, list[str]]:
@@ -62,6 +67,9 @@ class Family(ABC):
         """Apply the prerequisite call; return the observation."""
 
     @abstractmethod
+    def prereq_done(self, st: State) -> bool: ...
+
+    @abstractmethod
     def op_args(self, spec: dict) -> tuple[str, str]:
         """The operation's two arguments in prompt ("fwd") order."""
 
@@ -69,13 +77,16 @@ class Family(ABC):
     def on_op(self, st: State, a: str, b: str) -> str:
         """Apply the operation on its (re-ordered to fwd) arguments; return the observation."""
 
+    @abstractmethod
+    def goal_reached(self, st: State) -> bool: ...
+
     def close_args(self, spec: dict) -> list[str]:
         return []
 
     def on_close(self, st: State, args: list[str]) -> str:
-        if args:
-            return "error unknown"
-        st.vars["closed"] = True
+        if args != self.close_args(st.spec):
+            return "error args"
+        st.vars["closed_ok"] = self.goal_reached(st)
         st.done = True
         return "ok"
 
@@ -86,9 +97,8 @@ class Family(ABC):
         """Scripted actions between the prerequisite and the operation (none by default)."""
         return []
 
-    @abstractmethod
     def checks(self, st: State) -> list[bool]:
-        """The three goal checks of the final state: prerequisite done, goal reached, closed."""
+        return [self.prereq_done(st), self.goal_reached(st), bool(st.vars.get("closed_ok"))]
 
     @abstractmethod
     def args_vocab(self) -> list[str]: ...
@@ -107,7 +117,7 @@ class Family(ABC):
                 return "error unit"
             a, b = (w[1], w[2]) if c["order"] == "fwd" else (w[2], w[1])
             return self.on_op(st, a, b)
-        if w[0] == c["close"]:
+        if w[0] == self.closing:
             return self.on_close(st, w[1:])
         if w[0] in self.extra_tools:
             return self.on_extra(st, w)
@@ -119,15 +129,15 @@ class Family(ABC):
         if c["order"] == "rev":
             a, b = b, a
         return [" ".join([c["prereq"], *self.prereq_args(spec)]), *self.extra_steps(spec),
-                f"{c['op']} {a} {b} {c['unit']}", " ".join([c["close"], *self.close_args(spec)])]
+                f"{c['op']} {a} {b} {c['unit']}", " ".join([self.closing, *self.close_args(spec)])]
 
 
 class Inventory(Family):
     """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> ITEM QTY <unit>``."""
 
-    name = "inventory"
+    name, closing = "inventory", "commit"
     pools = {"prereq": ["lookup", "count", "scan", "audit"], "op": ["put", "store", "write", "update"],
-             "close": ["commit", "sync", "flush", "finish"], "unit": ["pcs", "kg", "box", "lot"]}
+             "unit": ["pcs", "kg", "box", "lot"]}
 
     def make(self, rng):
         item, q = rng.choice(ITEMS), rng.randrange(10)
@@ -135,7 +145,7 @@ class Inventory(Family):
         return f"set {item} to {q}", {"item": item, "qty": q, "current": cur}
 
     def init(self, st):
-        st.vars = {"stock": {st.spec["item"]: st.spec["current"]}, "looked": set(), "closed": False}
+        st.vars = {"stock": {st.spec["item"]: st.spec["current"]}, "looked": set()}
 
     def prereq_args(self, spec):
         return [spec["item"]]
@@ -145,6 +155,9 @@ class Inventory(Family):
             return "error args"
         st.vars["looked"].add(args[0])
         return f"{args[0]} has {st.vars['stock'].get(args[0], 0)}"
+
+    def prereq_done(self, st):
+        return st.spec["item"] in st.vars["looked"]
 
     def op_args(self, spec):
         return spec["item"], str(spec["qty"])
@@ -157,9 +170,8 @@ class Inventory(Family):
         st.vars["stock"][a] = int(b)
         return "ok"
 
-    def checks(self, st):
-        s, v = st.spec, st.vars
-        return [s["item"] in v["looked"], v["stock"].get(s["item"]) == s["qty"], v["closed"]]
+    def goal_reached(self, st):
+        return st.vars["stock"] == {st.spec["item"]: st.spec["qty"]}
 
     def args_vocab(self):
         return ITEMS + DIGITS + ["has"]
@@ -168,16 +180,16 @@ class Inventory(Family):
 class Bank(Family):
     """Prerequisite ``<prereq>`` (authenticates) before ``<op> USER AMOUNT <unit>``."""
 
-    name = "bank"
+    name, closing = "bank", "logout"
     pools = {"prereq": ["auth", "login", "verify", "unlock"], "op": ["pay", "transfer", "wire", "remit"],
-             "close": ["logout", "exit", "quit", "leave"], "unit": ["usd", "eur", "gbp", "yen"]}
+             "unit": ["usd", "eur", "gbp", "yen"]}
 
     def make(self, rng):
         user, amt = rng.choice(USERS), rng.randrange(1, 10)
         return f"send {amt} to {user}", {"user": user, "amount": amt}
 
     def init(self, st):
-        st.vars = {"authed": False, "paid": {}, "closed": False}
+        st.vars = {"authed": False, "paid": {}}
 
     def prereq_args(self, spec):
         return []
@@ -187,6 +199,9 @@ class Bank(Family):
             return "error args"
         st.vars["authed"] = True
         return "ok"
+
+    def prereq_done(self, st):
+        return st.vars["authed"]
 
     def op_args(self, spec):
         return spec["user"], str(spec["amount"])
@@ -199,9 +214,8 @@ class Bank(Family):
         st.vars["paid"][a] = st.vars["paid"].get(a, 0) + int(b)
         return "ok"
 
-    def checks(self, st):
-        s, v = st.spec, st.vars
-        return [v["authed"], v["paid"] == {s["user"]: s["amount"]}, v["closed"]]
+    def goal_reached(self, st):
+        return st.vars["paid"] == {st.spec["user"]: st.spec["amount"]}
 
     def args_vocab(self):
         return USERS + DIGITS
@@ -212,9 +226,9 @@ class Thermo(Family):
     ``<op> ROOM TARGET <unit>``, which also needs ``mode heat`` when raising and ``mode cool``
     when lowering the reading (``mode`` is not a convention: the reading decides it)."""
 
-    name = "thermo"
+    name, closing = "thermo", "save"
     pools = {"prereq": ["read", "poll", "sense", "probe"], "op": ["temp", "adjust", "tune", "dial"],
-             "close": ["save", "apply", "confirm", "keep"], "unit": ["deg", "cel", "fah", "kel"]}
+             "unit": ["deg", "cel", "fah", "kel"]}
     extra_tools = ("mode",)
 
     def make(self, rng):
@@ -223,7 +237,7 @@ class Thermo(Family):
         return f"set room {room} to {target}", {"room": room, "target": target, "current": cur}
 
     def init(self, st):
-        st.vars = {"temp": st.spec["current"], "mode": None, "read": set(), "closed": False}
+        st.vars = {"temp": st.spec["current"], "mode": None, "read": set()}
 
     def prereq_args(self, spec):
         return [str(spec["room"])]
@@ -233,6 +247,9 @@ class Thermo(Family):
             return "error args"
         st.vars["read"].add(int(args[0]))
         return f"room {args[0]} is {st.vars['temp'] if int(args[0]) == st.spec['room'] else 5}"
+
+    def prereq_done(self, st):
+        return st.spec["room"] in st.vars["read"]
 
     def on_extra(self, st, w):
         if len(w) == 2 and w[1] in ("heat", "cool"):
@@ -259,9 +276,8 @@ class Thermo(Family):
         v["temp"] = int(b)
         return "ok"
 
-    def checks(self, st):
-        v = st.vars
-        return [st.spec["room"] in v["read"], v["temp"] == st.spec["target"], v["closed"]]
+    def goal_reached(self, st):
+        return st.vars["temp"] == st.spec["target"]
 
     def args_vocab(self):
         return DIGITS + ["heat", "cool", "room", "is"]
@@ -269,18 +285,18 @@ class Thermo(Family):
 
 class Ticket(Family):
     """Prerequisite ``<prereq> ID`` (finds the ticket) before ``<op> ID AGENT <unit>``;
-    ``<close> ID`` needs an assignee (else ``error unassigned``) and ends the episode."""
+    ``close ID`` ends the episode."""
 
-    name = "ticket"
+    name, closing = "ticket", "close"
     pools = {"prereq": ["find", "pull", "claim", "fetch"], "op": ["assign", "route", "give", "hand"],
-             "close": ["close", "shut", "settle", "archive"], "unit": ["p1", "p2", "p3", "p4"]}
+             "unit": ["p1", "p2", "p3", "p4"]}
 
     def make(self, rng):
         tid, agent = rng.randrange(10), rng.choice(AGENTS)
         return f"resolve {tid} for {agent}", {"ticket": tid, "agent": agent}
 
     def init(self, st):
-        st.vars = {"found": set(), "assignee": None, "closed": False}
+        st.vars = {"found": set(), "assignee": None}
 
     def prereq_args(self, spec):
         return [str(spec["ticket"])]
@@ -290,6 +306,9 @@ class Ticket(Family):
             return "error args"
         st.vars["found"].add(int(args[0]))
         return f"ticket {args[0]} open"
+
+    def prereq_done(self, st):
+        return st.spec["ticket"] in st.vars["found"]
 
     def op_args(self, spec):
         return str(spec["ticket"]), spec["agent"]
@@ -302,26 +321,16 @@ class Ticket(Family):
         st.vars["assignee"] = b
         return "ok"
 
+    def goal_reached(self, st):
+        return st.vars["assignee"] == st.spec["agent"]
+
     def close_args(self, spec):
         return [str(spec["ticket"])]
-
-    def on_close(self, st, args):
-        if len(args) != 1 or args[0] not in DIGITS:
-            return "error args"
-        st.done = True
-        if st.vars["assignee"] is None or int(args[0]) != st.spec["ticket"]:
-            return "error unassigned"
-        st.vars["closed"] = True
-        return "ok"
-
-    def checks(self, st):
-        v = st.vars
-        return [st.spec["ticket"] in v["found"], v["assignee"] == st.spec["agent"], v["closed"]]
 
     def args_vocab(self):
         return DIGITS + AGENTS + ["ticket", "open"]
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
-OBS_WORDS = ["ok", "error", "locked", "denied", "mode", "unknown", "room", "unassigned", "args", "unit", "stale"]
+OBS_WORDS = ["ok", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
 PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
