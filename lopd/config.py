@@ -196,14 +196,62 @@ class SensitivityParams(_Section):
     steps: int = Field(20, ge=1)
 
 
+class RuleParams(_Section):
+    """The pre-registered falsification rule: its text (rendered first) and its structure."""
+
+    text: str = (
+        "Registered before the test split is read. The claim that retrieved content drives a gain of LOPD is "
+        "made only if both parts hold, every test being a one-sided paired t-test at alpha on the per-seed "
+        "mean test reward (the training seed is the unit): (i) LOPD has a gain: lopd beats base and beats "
+        "lopd_frozen; (ii) content drives it: lopd beats lopd_shuffled and beats lopd_unrelated. Each part "
+        "is an intersection-union test (all its tests must reject), so no multiplicity correction is applied "
+        "across its members. If rho is set, a content test asks (lopd - control) > rho * (lopd - base)."
+    )
+    treatment: str = "lopd"
+    gain_over: list[str] = ["base", "lopd_frozen"]  # part (i): treatment beats each of these
+    content_controls: list[str] = ["lopd_shuffled", "lopd_unrelated"]  # part (ii): and each of these
+    rho: float | None = Field(None, gt=0, lt=1)  # smallest effect of interest; null = off
+    rho_baseline: str = "base"  # the arm in rho * (treatment - rho_baseline)
+
+    @model_validator(mode="after")
+    def _arms(self):
+        named = [self.treatment, *self.gain_over, *self.content_controls, self.rho_baseline]
+        unknown = sorted({a for a in named if a not in ARMS})
+        if unknown:
+            raise ValueError(f"report.rule names unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
+        others = [*self.gain_over, *self.content_controls]
+        if not self.gain_over or not self.content_controls or len(set(others)) != len(others) \
+                or self.treatment in others:
+            raise ValueError("report.rule: gain_over and content_controls must be non-empty, without "
+                             "duplicates, and must not contain the treatment arm")
+        return self
+
+
+class DesignParams(_Section):
+    """What the default seed count is sized for; tests/test_calibration.py simulates it."""
+
+    effect: float = Field(0.025, gt=0, lt=1)  # content effect lopd − control (= lopd − base), mean test reward
+    n_seeds: int = Field(10, ge=2)  # seeds of every arm the rule names
+    seed_sd: float = Field(0.015, ge=0)  # training-seed sd of an arm's mean test reward
+    n_tasks: int = Field(128, ge=1)
+    samples_per_task: int = Field(4, ge=1)
+    task_reward_low: float = Field(0.1, ge=0, le=1)  # per-task success probabilities ~ U(low, high)
+    task_reward_high: float = Field(0.6, ge=0, le=1)
+    power: float = Field(0.8, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.task_reward_low >= self.task_reward_high or self.task_reward_high + self.effect > 1:
+            raise ValueError("report.design: need task_reward_low < task_reward_high and "
+                             "task_reward_high + effect <= 1")
+        return self
+
+
 class ReportParams(_Section):
     alpha: float = Field(0.05, gt=0, lt=1)
-    n_boot: int = Field(5000, ge=100)
-    falsification_rule: str = (
-        "The claim that retrieved content drives LOPD's gain survives only if lopd beats both "
-        "lopd_shuffled and lopd_unrelated on mean test reward with Holm-adjusted paired "
-        "permutation p < alpha."
-    )
+    n_boot: int = Field(5000, ge=100)  # hierarchical-bootstrap and efficiency-CI resamples
+    rule: RuleParams = RuleParams()
+    design: DesignParams = DesignParams()
 
 
 class Params(_Section):

@@ -467,7 +467,7 @@ def stage_sensitivity(params: Params) -> dict:
 
 
 def stage_report(params: Params) -> dict:
-    from lopd.report import build_report
+    from lopd.analysis.report import build_report
 
     summary = build_report(params, Path("."))
     mirror_test_results(params)
