@@ -238,6 +238,7 @@ class DesignParams(_Section):
     task_reward_low: float = Field(0.1, ge=0, le=1)  # per-task success probabilities ~ U(low, high)
     task_reward_high: float = Field(0.6, ge=0, le=1)
     power: float = Field(0.8, gt=0, lt=1)
+    n_sim: int = Field(400, ge=50)  # simulated experiments per design-power figure (report and calibration tests)
 
     @model_validator(mode="after")
     def _range(self):

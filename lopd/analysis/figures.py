@@ -118,7 +118,8 @@ def efficiency_png(out: Path, eff: dict) -> None:
         ax.axhline(eff["target"], color=COLORS["grpo"], ls=":", lw=1.2,
                    label=f"GRPO final val reward = {eff['target']:.3f}")
         if eff.get("reached") and eff.get("x", 0) > 0:
-            ax.axvline(eff["x"], color=COLORS["lopd"], ls=":", lw=1.2, label=f"lopd reaches it at {eff['x']:.0f} rollouts")
+            ax.axvline(eff["x"], color=COLORS["lopd"], ls=":", lw=1.2,
+                       label=f"lopd reaches it at {eff['x']:.0f} rollouts")
     if not rows:
         _placeholder(ax, "MISSING: no validation curves for " + " / ".join(EFFICIENCY_ARMS))
     _finish_reward_axes(fig, ax, "rollouts used", "Sample efficiency: mean over seeds, band = min–max",

@@ -58,14 +58,17 @@ def _design_note(params, rule: Rule, fal: dict) -> str:
     """The design the rule is sized for, and the simulated power of the full rule at the design effect."""
     d = params.report.design
     effects = scenarios(rule, d.effect)["design"]
-    p_design = claim_rates(rule, effects, d, n_exp=400)["claim"]
+    def power(n: int) -> str:
+        p = claim_rates(rule, effects, d, n_exp=d.n_sim, n_seeds=n)["claim"]
+        return f"{p:.0%} ± {(p * (1 - p) / d.n_sim) ** 0.5:.0%}"
+
     n_used = fal["design"]["n_min"]
-    used = (f"; with the {n_used} paired seeds of this run: {claim_rates(rule, effects, d, n_exp=400, n_seeds=n_used)['claim']:.0%}"
-            if n_used >= 2 and n_used != d.n_seeds else "")
+    used = f"; with the {n_used} paired seeds of this run: {power(n_used)}" if 2 <= n_used != d.n_seeds else ""
     return (f"Design (report.design): sized for a content effect of {d.effect:g} in mean test reward (treatment − "
             f"every other arm of the rule) with {d.n_seeds} seeds per arm of the rule, training-seed sd {d.seed_sd:g}, "
             f"{d.n_tasks} test tasks × {d.samples_per_task} samples. Simulated power of the full rule at that effect "
-            f"(lopd.analysis.calibration, 400 experiments): {p_design:.0%} with {d.n_seeds} seeds{used}.")
+            f"(lopd.analysis.calibration, {d.n_sim} experiments, ± Monte-Carlo s.e.): {power(d.n_seeds)} with "
+            f"{d.n_seeds} seeds{used}.")
 
 
 def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra) -> dict:

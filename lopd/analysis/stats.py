@@ -223,7 +223,8 @@ def hierarchical_bootstrap_ci(contrast, *, strata=None, n_boot: int = 5000, conf
     confidence = _check_prob(confidence, "confidence")
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"n_boot must be a positive integer, got {n_boot}")
-    labels = np.zeros(c.shape[1], dtype=int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
+    labels = (np.zeros(c.shape[1], dtype=int) if strata is None
+              else np.unique(np.asarray(strata), return_inverse=True)[1])
     if labels.shape != (c.shape[1],):
         raise ValueError(f"strata needs one label per task ({c.shape[1]}), got {len(labels)}")
     groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
@@ -356,6 +357,27 @@ def joint_power(mean, cov, n: int, *, alpha: float = 0.05, n_sim: int = 4000, se
                                                             check_valid="ignore", method="eigh")
     p = t_test(np.moveaxis(draws, 1, -1), alternative="greater")["p"]  # (n_sim, k)
     return float(np.mean(np.all(p < alpha, axis=-1)))
+
+
+def joint_seeds_needed(mean, cov, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 100,
+                       n_sim: int = 2000, seed: int = 0) -> int | None:
+    """Smallest n ≤ ``max_n`` with :func:`joint_power` ≥ ``power`` and :func:`min_sign_flip_p` < α, by
+    bisection (the power grows with n). None when some contrast has mean ≤ 0 (its one-sided test then has
+    power ≤ α) or ``max_n`` seeds are not enough."""
+    if np.any(_as_1d(mean, "mean") <= 0):
+        return None
+    lo = next(n for n in range(2, 64) if min_sign_flip_p(n) < alpha)
+
+    def ok(n: int) -> bool:
+        return joint_power(mean, cov, n, alpha=alpha, n_sim=n_sim, seed=seed) >= power
+
+    if not ok(max_n):
+        return None
+    hi = max_n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return lo
 
 
 # --------------------------------------------------------------------------- evaluation noise
