@@ -20,7 +20,7 @@ from lopd.analysis import figures
 from lopd.analysis.audits import CLEAN_LEAKAGE_SENTENCE, leakage, write_leakage
 from lopd.analysis.falsification import CLAIM_SENTENCE, DESIGN_FLAG, DESIGN_OK, NO_CLAIM_SENTENCE, Rule, analyse, render
 from lopd.analysis.loading import load_evals, load_premise, load_runs, load_task_table, task_contrast_fn, values
-from lopd.analysis.plotdata import COLUMNS, DYNAMICS_ARMS, plot_declarations
+from lopd.analysis.plotdata import COLUMNS, DYNAMICS_ARMS, MARGIN_ARMS, plot_declarations
 from lopd.analysis.report import build_report
 from lopd.arms import ARMS
 from lopd.config import deep_merge, parse_params, read_yaml_mapping
@@ -83,14 +83,14 @@ def _samples(rng, n_seeds: int, samples: int, arms, null: bool, effect: float, g
     """Per-(arm, seed, task, sample) rewards: arm level + seed effect + task effect + sampling noise."""
     task_eff = rng.normal(0, 0.05, N_TASKS)
     seed_eff = rng.normal(0, 0.02, n_seeds)
-    levels = dict(ARM_MEAN) | ({} if gain else {"base": 0.85})
+    levels = {a: ARM_MEAN.get(a, 0.5) for a in arms} | ({} if gain else {"base": 0.85})  # 0.5: an arm added later
 
     def draw(level):
         per_seed = level + seed_eff + rng.normal(0, 0.01, n_seeds)
         x = per_seed[:, None, None] + task_eff[None, :, None] + rng.normal(0, 0.04, (n_seeds, N_TASKS, samples))
         return np.clip(x, 0.0, 1.0)
 
-    out = {a: draw(levels[a]) for a in arms if a in levels}
+    out = {a: draw(levels[a]) for a in arms}
     lopd = out.get("lopd", draw(levels["lopd"]))
     for ctrl in ("lopd_shuffled", "lopd_unrelated"):
         if ctrl in arms:
@@ -117,7 +117,7 @@ def _write_eval(root: Path, arm: str, s: int, x: np.ndarray) -> float:
 
 def _write_run(root: Path, rng, arm: str, s: int) -> None:
     d = root / "runs" / f"{arm}-{s}"
-    v0, v1, tau = VAL_CURVE[arm]
+    v0, v1, tau = VAL_CURVE.get(arm, (0.45, 0.5, 8.0))
     steps, rows, beta = (STEPS if arm != "base" else 0), [], 0.0
     jit = 1.0 + rng.normal(0, 0.1)  # per-run spread so seed bands are visible
     for t in range(steps + 1):
@@ -346,7 +346,9 @@ def test_margin_flags_efficiency_and_clean_audit(planted):
     assert all(l.rstrip().endswith("| — |") for l in md.splitlines() if l.startswith("| lopd |"))
     assert sum("infeasible_margin" in l for l in md.splitlines() if l.startswith("| lopd_unrelated |")) == 1
     assert all("reference, not flagged" in l for l in md.splitlines() if l.startswith("| lopd_nomargin |"))
-    assert summary["margin_flagged_runs"] == 11
+    # lopd_shuffled: 10 runs; lopd_unrelated: seed 0 (infeasible); any margin arm added later: Δ stays < m
+    extra = set(MARGIN_ARMS) - {"lopd", "lopd_shuffled", "lopd_unrelated"}
+    assert summary["margin_flagged_runs"] == 11 + 10 * len(extra)
     assert summary["efficiency_ratio"] is not None and 0 < summary["efficiency_ratio"] < 0.3
     lo, hi = summary["efficiency_ci"]
     assert lo <= summary["efficiency_ratio"] <= hi and "30%" in _read(root, "efficiency.md")
@@ -435,6 +437,15 @@ def test_missing_optional_inputs_do_not_crash(tmp_path):
     assert all(m in missing for m in ("hpo/trials.csv", "results/sensitivity/grid.csv", "opsd_text", "lopd_unrelated"))
     fal = _read(tmp_path, "falsification.md")
     assert NO_CLAIM_SENTENCE in fal and "missing (lopd_unrelated)" in fal and DESIGN_FLAG in fal
+
+
+def test_rule_params_are_validated():
+    with pytest.raises(BadInput, match="report.rule"):
+        _params(rule={"gain_over": ["base", "nope"]})
+    with pytest.raises(BadInput, match="report.rule"):
+        _params(rule={"content_controls": ["lopd"]})
+    with pytest.raises(BadInput, match="report.rule.rho"):
+        _params(rule={"rho": 1.5})
 
 
 def test_missing_runs_raise_bad_input(tmp_path):

@@ -99,8 +99,6 @@ def write_plot_data(out: Path, root: Path, runs) -> dict[str, int]:
         "sensitivity": sensitivity_rows(root),
     }
     for name, rows in tables.items():
-        rows = [r for r in rows if name not in ("learning_curves", "efficiency") or math.isfinite(r["val_reward"])]
-        tables[name] = rows
         write_csv(csv_path(out, name), rows, COLUMNS[name])
     return {k: len(v) for k, v in tables.items()}
 
