@@ -27,14 +27,9 @@ def shared(workspace):
     from lopd.evaluate import make_envs
 
     params = workspace.params()
-    old = os.getcwd()
-    os.chdir(workspace.root)
-    try:
-        reader = data_mod.SplitReader("data/splits", role="train")
-        train, val = reader.load("train"), reader.load("val")
-        bank = ExperienceBank.load("models/bank")
-    finally:
-        os.chdir(old)
+    reader = data_mod.SplitReader(workspace.paths.splits, role="train")
+    train, val = reader.load("train"), reader.load("val")
+    bank = ExperienceBank.load(workspace.paths.bank)
     return params, bank, train, val, make_envs(params)
 
 
@@ -47,7 +42,7 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     from lopd.model.backbone import Backbone, build_tiny_model, load_causal_lm
     from lopd.model.composer import Composer
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary, load_tokenizer
-    from lopd.trainer import HParams, Resources, Trainer
+    from lopd.training.trainer import HParams, Resources, Trainer
 
     params, bank, train, val, envs = shared
     torch.set_num_threads(2)

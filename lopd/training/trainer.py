@@ -36,16 +36,17 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from lopd import objectives as obj
+from lopd.training import objectives as obj
 from lopd.arms import ArmSpec
 from lopd.bank import ExperienceBank
-from lopd.checkpoint import load_checkpoint, save_checkpoint
 from lopd.envs.base import Task
-from lopd.errors import RunFailed
+from lopd.errors import BadInput, RunFailed
 from lopd.evaluate import evaluate_policy
 from lopd.model.backbone import Backbone
 from lopd.model.composer import Composer
-from lopd.rollout import collate, pad_sequences, rollout_batch
+from lopd.rollout import collate, rollout_batch
+from lopd.training.checkpoint import load_checkpoint, save_checkpoint
+from lopd.training.context import ContextBuilder
 
 HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
                    "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
@@ -53,7 +54,8 @@ HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_
 
 @dataclass
 class HParams:
-    """The hyper-parameters of one run (train params with the selected m, K, n_ret applied)."""
+    """The hyper-parameters of one run: ``train`` params with the selected m, K, n_ret applied, plus
+    the generation limits of ``evaluate`` and ``model``."""
 
     steps: int
     tasks_per_step: int
@@ -79,14 +81,13 @@ class HParams:
 
     @classmethod
     def from_params(cls, params, **over) -> "HParams":
+        """Every field named like a ``train`` key is taken from ``params.train``."""
+        from dataclasses import fields
+
         tp = params.train
-        d = dict(steps=tp.steps, tasks_per_step=tp.tasks_per_step, group_size=tp.group_size,
-                 lr_student=tp.lr_student, lr_composer=tp.lr_composer, margin=tp.margin, K=tp.K, n_ret=tp.n_ret,
-                 lambda_anchor=tp.lambda_anchor, eta_beta=tp.eta_beta, beta_init=tp.beta_init, top_m=tp.top_m,
-                 support=tp.support, temperature=tp.temperature, val_every=tp.val_every, val_tasks=tp.val_tasks,
-                 checkpoint_every=tp.checkpoint_every, beta_max=tp.beta_max,
-                 infeasible_patience=tp.infeasible_patience, max_new_tokens=params.evaluate.max_new_tokens,
-                 max_len=params.model.max_seq_len)
+        names = [f.name for f in fields(cls) if f.name not in ("max_new_tokens", "max_len")]
+        d = {n: getattr(tp, n) for n in names}
+        d.update(max_new_tokens=params.evaluate.max_new_tokens, max_len=params.model.max_seq_len)
         if tp.rollout_budget is not None:
             d["steps"] = max(1, tp.rollout_budget // tp.tasks_per_step)
         d.update({k: v for k, v in over.items() if v is not None})
@@ -124,99 +125,135 @@ def _set_rng_state(st: dict, py: random.Random, gen: torch.Generator) -> None:
     np.random.set_state(st["np"])
 
 
+def stratified(tasks: list[Task], n: int) -> list[Task]:
+    """The first ``n`` tasks taken round-robin across domains (splits are domain-major, so a plain
+    prefix would validate on one domain only). Deterministic: same split, same subset."""
+    by_dom: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_dom.setdefault(t.domain, []).append(t)
+    out: list[Task] = []
+    queues = [list(v) for v in by_dom.values()]
+    while len(out) < min(n, len(tasks)):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+@dataclass
+class StepLoss:
+    """What an objective contributes to one step: the loss (None: nothing to learn from) and metrics."""
+
+    loss: torch.Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _sft(tr: "Trainer", batch: dict) -> StepLoss:
+    """NLL of the student's own successful rollouts (reward = 1)."""
+    w = (batch["rewards"] >= 1.0).float()
+    if w.sum() == 0:
+        return StepLoss(None)
+    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    return StepLoss(obj.sft_loss(obj.token_logprobs(logits, batch["targets"]), batch["mask"], weights=w))
+
+
+def _grpo(tr: "Trainer", batch: dict) -> StepLoss:
+    """Group-normalised advantages, token-level policy-gradient surrogate, no KL."""
+    adv = obj.grpo_advantages(batch["rewards"].view(-1, tr.hp.group_size)).view(-1)
+    if adv.abs().sum() == 0:
+        return StepLoss(None)
+    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    return StepLoss(obj.policy_gradient_loss(obj.token_logprobs(logits, batch["targets"]), adv, batch["mask"]))
+
+
+def _kd(tr: "Trainer", batch: dict) -> StepLoss:
+    """Reverse KL(π_S ‖ π_T) to the context-conditioned frozen teacher; for a trained φ also the
+    anchor λ‖c_φ − c_φ0‖² and (margin arms) the Lagrangian term β·(m − Δ(φ))."""
+    hp, bb, arm = tr.hp, tr.bb, tr.arm
+    ids, attn, targets, mask, rewards = batch["ids"], batch["attn"], batch["targets"], batch["mask"], batch["rewards"]
+    student_logits = bb.logits(ids, attn, "student")[:, :-1]
+    ctx = tr.context.build(batch["tasks"])
+    grad_to_phi = ctx.latent and arm.train_composer
+    with torch.set_grad_enabled(grad_to_phi):
+        teacher_logits = bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn, latent_prefix=ctx.latent)[:, :-1]
+    s_logp = torch.log_softmax(student_logits.float(), -1)
+    t_logp = torch.log_softmax(teacher_logits.float(), -1)
+    kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
+    s_tok = s_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    delta = obj.token_delta(t_tok, s_tok)
+    delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
+    # every margin arm measures satisfaction against the same m (lopd_nomargin logs it without using it)
+    m = {"kd_loss": float(kl.loss.detach()), "tail_mass": float(kl.tail_mass), "delta_weight": weight,
+         "delta_phi": float(delta_phi.detach()) if weight > 0 else float("nan"),
+         "margin_sat_frac": obj.margin_sat_frac(delta.detach(), mask, hp.margin)}
+    loss = kl.loss
+    if ctx.c_phi is not None:
+        anchor = obj.anchor_loss(ctx.c_phi, ctx.c_phi0, hp.lambda_anchor)
+        m["anchor"] = float(anchor.detach())
+        if arm.train_composer:
+            loss = loss + anchor
+            if arm.margin and weight > 0:
+                loss = loss + obj.margin_penalty(tr.beta, tr.margin, delta_phi)
+    return StepLoss(loss, m)
+
+
+OBJECTIVES: dict[str, Callable[["Trainer", dict], StepLoss]] = {"sft": _sft, "grpo": _grpo, "kd": _kd}
+
+
 class Trainer:
     def __init__(self, res: Resources, arm: ArmSpec, hp: HParams, seed: int, *, tracker=None,
                  ckpt_dir: Path | None = None, on_val: Callable[[int, float], None] | None = None,
                  progress: Callable[[int, dict], None] | None = None, world=None):
         self.res, self.arm, self.hp, self.seed = res, arm, hp, seed
         self.bb = res.bb
-        self.tracker = tracker
-        self.ckpt_dir = ckpt_dir
-        self.on_val = on_val
-        self.progress = progress
-        self.world = world  # optional distributed helper (lopd.distributed)
-        if arm.objective == "kd" and arm.context != "none":
-            if res.bank is None:
-                raise RunFailed(f"arm {arm.name} needs the experience bank")
-            if hp.n_ret > len(res.bank):
-                from lopd.errors import BadInput
-
-                raise BadInput(f"n_ret={hp.n_ret} is larger than the experience bank ({len(res.bank)} experiences)")
-        if arm.grouped and hp.tasks_per_step % hp.group_size:
-            from lopd.errors import BadInput
-
-            raise BadInput(f"train.tasks_per_step ({hp.tasks_per_step}) must be a multiple of train.group_size "
-                           f"({hp.group_size}) for GRPO")
-        # fresh adapters for this run: student from its init, composer from φ0
+        self.tracker, self.ckpt_dir, self.on_val, self.progress = tracker, ckpt_dir, on_val, progress
+        self.world = world  # optional distributed helper (lopd.training.distributed)
+        self._check(res, arm, hp)
+        # fresh adapters for this run: the same initial student for every arm (pairing by seed needs it)
         torch.manual_seed(seed)
         self.bb.load_adapter_state("student", res.student_init)
         self.composer: Composer | None = None
-        if arm.context == "latent":
+        if arm.context in ("latent", "learned"):
             self.composer = Composer(self.bb, res.k_max)
-            if res.phi0 is None:
-                raise RunFailed(f"arm {arm.name} needs the cold-started composer φ0")
             self.composer.load_state(res.phi0)
             for p in self.composer.phi_params():
-                p.requires_grad_(arm.train_composer)
+                p.requires_grad_(arm.train_composer and arm.context == "latent")
+        self.context = ContextBuilder(res, arm, hp, seed, self.composer)
         self.theta = self.bb.adapter_params("student")
         self.opt_theta = torch.optim.AdamW(self.theta, lr=hp.lr_student, weight_decay=0.0)
-        self.phi = self.composer.phi_params() if (self.composer is not None and arm.train_composer) else []
-        self.opt_phi = torch.optim.AdamW(self.phi, lr=hp.lr_composer, weight_decay=0.0) if self.phi else None
+        self.phi: list = []
+        self.opt_phi = None
         self.beta = hp.beta_init if arm.margin else 0.0
         self.margin = hp.margin if arm.margin else 0.0
         self.step = 0
         self.rollouts_used = 0
         self.history: list[dict] = []
         sample_seed = world.rank_seed(seed) if world is not None else seed  # ranks roll out different tasks
+        # the task order depends on the seed only: every (non-grouped) arm sees the same tasks per step
         self.py_rng = random.Random(sample_seed)
         self.gen = torch.Generator().manual_seed(sample_seed)
         self.infeasible_streak = 0
         self.infeasible = False
         self.last_val: float | None = None
-        self._ctx_cache: dict[str, list[list[int]]] = {}
-        self._c0_cache: dict[str, torch.Tensor] = {}
 
-    # ------------------------------------------------------------------ context
-    def experiences_for(self, task: Task) -> list[list[int]]:
-        """Token ids of the n_ret experiences retrieved for ``task`` under the arm's bank mode."""
-        if task.task_id not in self._ctx_cache:
-            q = self.res.task_emb[task.task_id]
-            exps = self.res.bank.retrieve(task, q, self.hp.n_ret, self.arm.bank_mode, seed=self.seed)
-            self._ctx_cache[task.task_id] = [self.bb.fmt.experience_ids(e.messages) for e in exps]
-        return self._ctx_cache[task.task_id]
+    @staticmethod
+    def _check(res: Resources, arm: ArmSpec, hp: HParams) -> None:
+        if arm.objective == "kd" and arm.context in ("latent", "text"):
+            if res.bank is None:
+                raise RunFailed(f"arm {arm.name} needs the experience bank")
+            if hp.n_ret > len(res.bank):
+                raise BadInput(f"n_ret={hp.n_ret} is larger than the experience bank ({len(res.bank)} experiences)")
+        if arm.context in ("latent", "learned") and res.phi0 is None:
+            raise RunFailed(f"arm {arm.name} needs the cold-started composer φ0")
+        if arm.grouped and hp.tasks_per_step % hp.group_size:
+            raise BadInput(f"train.tasks_per_step ({hp.tasks_per_step}) must be a multiple of train.group_size "
+                           f"({hp.group_size}) for GRPO")
 
-    def teacher_prefix(self, tasks: list[Task]):
-        """(prefix, prefix_mask, c_phi, c_phi0, latent) for the teacher of each task."""
-        if self.arm.context == "text":
-            ctx = [[i for e in self.experiences_for(t) for i in self.bb.fmt.exp + e]
-                   for t in tasks]
-            ids, mask = pad_sequences(ctx, self.bb.fmt.pad_id, self.bb.device, left=True)
-            with torch.no_grad():
-                emb = self.bb.embed(ids)
-            return emb, mask, None, None, False
-        exps = [self.experiences_for(t) for t in tasks]
-        c_phi = self.composer(exps, self.hp.K)
-        if not self.arm.train_composer:
-            c_phi = c_phi.detach()
-        c0 = torch.stack([self._c0(t) for t in tasks])
-        mask = torch.ones(c_phi.shape[:2], dtype=torch.long, device=c_phi.device)
-        return c_phi, mask, c_phi, c0, True
-
-    def _c0(self, task: Task) -> torch.Tensor:
-        """c_φ0 of ``task``: the cold-started composer's latents, computed once before training."""
-        if task.task_id not in self._c0_cache:
-            raise RuntimeError("c_phi0 cache not primed")
-        return self._c0_cache[task.task_id]
-
-    def prime_c0(self, tasks: list[Task]) -> None:
-        if self.composer is None:
-            return
-        with torch.no_grad():
-            for i in range(0, len(tasks), 64):
-                chunk = tasks[i:i + 64]
-                c = self.composer([self.experiences_for(t) for t in chunk], self.hp.K)
-                for t, ci in zip(chunk, c):
-                    self._c0_cache[t.task_id] = ci.detach().clone()
+    def _init_phi(self) -> None:
+        """φ's optimiser, created once the context is primed (the learned context exists only then)."""
+        self.phi = self.context.phi_params()
+        self.opt_phi = torch.optim.AdamW(self.phi, lr=self.hp.lr_composer, weight_decay=0.0) if self.phi else None
 
     # ------------------------------------------------------------------ one step
     def sample_tasks(self) -> list[Task]:
@@ -226,9 +263,8 @@ class Trainer:
             return [t for t in base for _ in range(hp.group_size)]
         return self.py_rng.sample(self.res.train_tasks, hp.tasks_per_step)
 
-    def train_step(self) -> dict:
-        hp, arm, bb = self.hp, self.arm, self.bb
-        t0 = time.time()
+    def _rollout_batch(self) -> dict:
+        hp, bb = self.hp, self.bb
         tasks = self.sample_tasks()
         bb.mode("student")
         bb.model.eval()
@@ -236,52 +272,19 @@ class Trainer:
                                  max_len=hp.max_len, greedy=False, temperature=hp.temperature, generator=self.gen)
         bb.model.train()
         self.rollouts_used += len(rollouts)
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=bb.device)
         ids, attn, mask = collate(rollouts, bb.fmt.pad_id, bb.device)
-        targets = ids[:, 1:]
-        m: dict[str, float] = {"reward": float(rewards.mean()), "n_supervised": float(mask.sum())}
-        loss = None
-        if arm.objective == "sft":
-            w = (rewards >= 1.0).float()
-            if w.sum() > 0:
-                logits = bb.logits(ids, attn, "student")[:, :-1]
-                loss = obj.sft_loss(obj.token_logprobs(logits, targets), mask, weights=w)
-        elif arm.objective == "grpo":
-            adv = obj.grpo_advantages(rewards.view(-1, hp.group_size)).view(-1)
-            if adv.abs().sum() > 0:
-                logits = bb.logits(ids, attn, "student")[:, :-1]
-                loss = obj.policy_gradient_loss(obj.token_logprobs(logits, targets), adv, mask)
-        elif arm.objective == "kd":
-            loss = self._kd_loss(tasks, ids, attn, targets, mask, rewards, m)
-        m["loss"] = float(loss.detach()) if loss is not None else 0.0
-        take_step = loss is not None
-        bad = loss is not None and not bool(torch.isfinite(loss.detach()))
-        if self.world is not None:  # decided together: every rank issues the same collectives
-            take_step, bad = self.world.any_true(take_step), self.world.any_true(bad)
-        if bad:
-            raise RunFailed(f"non-finite loss ({m['loss']}) at step {self.step + 1} of {arm.name} seed "
-                            f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
-        if take_step:
-            self.opt_theta.zero_grad(set_to_none=True)
-            if self.opt_phi:
-                self.opt_phi.zero_grad(set_to_none=True)
-            if loss is not None:
-                loss.backward()
-            if self.world is not None:
-                self.world.all_reduce_grads(self.theta + self.phi)
-            torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
-            self.opt_theta.step()
-            if self.opt_phi:
-                torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
-                self.opt_phi.step()
-        # dual ascent on β (φ's constraint Δ(φ) ≥ m), after the primal step
-        if arm.margin and arm.train_composer:
-            d, w = m.get("delta_phi", float("nan")), m.get("delta_weight", 0.0)
-            if self.world is not None:  # Δ over every rank's rewarded tokens (all ranks call this)
-                d, w = self.world.weighted_mean(d, w)
-                m["delta_phi"] = d
-            if w > 0:
-                self.beta = obj.dual_update(self.beta, self.margin, d, hp.eta_beta)
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=bb.device)
+        return {"tasks": tasks, "ids": ids, "attn": attn, "mask": mask, "targets": ids[:, 1:], "rewards": rewards}
+
+    def train_step(self) -> dict:
+        t0 = time.time()
+        batch = self._rollout_batch()
+        m: dict[str, float] = {"reward": float(batch["rewards"].mean()), "n_supervised": float(batch["mask"].sum())}
+        out = OBJECTIVES[self.arm.objective](self, batch)
+        m.update(out.metrics)
+        m["loss"] = float(out.loss.detach()) if out.loss is not None else 0.0
+        self._apply(out.loss, m)
+        self._dual_update(m)
         m["beta"] = self.beta
         self._feasibility(m)
         self.step += 1
@@ -289,38 +292,40 @@ class Trainer:
         m.pop("delta_weight", None)
         return m
 
-    def _kd_loss(self, tasks, ids, attn, targets, mask, rewards, m) -> torch.Tensor:
-        hp, bb = self.hp, self.bb
-        student_logits = bb.logits(ids, attn, "student")[:, :-1]
-        prefix, pmask, c_phi, c0, latent = self.teacher_prefix(tasks)
-        if latent and not self.arm.train_composer:
-            with torch.no_grad():
-                teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1]
-        elif latent:
-            teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1]
-        else:
-            with torch.no_grad():
-                teacher_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=False)[:, :-1]
-        s_logp = torch.log_softmax(student_logits.float(), -1)
-        t_logp = torch.log_softmax(teacher_logits.float(), -1)
-        kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
-        s_tok = s_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        delta = obj.token_delta(t_tok, s_tok)
-        delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
-        m.update(kd_loss=float(kl.loss.detach()), tail_mass=float(kl.tail_mass), delta_weight=weight,
-                 delta_phi=float(delta_phi.detach()) if weight > 0 else float("nan"),
-                 margin_sat_frac=obj.margin_sat_frac(delta.detach(), mask, self.margin))
-        loss = kl.loss
-        if c_phi is not None and self.arm.train_composer:
-            anchor = obj.anchor_loss(c_phi, c0, hp.lambda_anchor)
-            m["anchor"] = float(anchor.detach())
-            loss = loss + anchor
-            if self.arm.margin and weight > 0:
-                loss = loss + obj.margin_penalty(self.beta, self.margin, delta_phi)
-        elif c_phi is not None:
-            m["anchor"] = float(obj.anchor_loss(c_phi, c0, hp.lambda_anchor).detach())
-        return loss
+    def _apply(self, loss: torch.Tensor | None, m: dict) -> None:
+        """One optimiser step on θ (and φ), decided together across ranks."""
+        take_step = loss is not None
+        bad = loss is not None and not bool(torch.isfinite(loss.detach()))
+        if self.world is not None:  # every rank issues the same collectives
+            take_step, bad = self.world.any_true(take_step), self.world.any_true(bad)
+        if bad:
+            raise RunFailed(f"non-finite loss ({m['loss']}) at step {self.step + 1} of {self.arm.name} seed "
+                            f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
+        if not take_step:
+            return
+        self.opt_theta.zero_grad(set_to_none=True)
+        if self.opt_phi:
+            self.opt_phi.zero_grad(set_to_none=True)
+        if loss is not None:
+            loss.backward()
+        if self.world is not None:
+            self.world.all_reduce_grads(self.theta + self.phi)
+        torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
+        self.opt_theta.step()
+        if self.opt_phi:
+            torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
+            self.opt_phi.step()
+
+    def _dual_update(self, m: dict) -> None:
+        """Dual ascent on β for φ's constraint Δ(φ) ≥ m, after the primal step."""
+        if not (self.arm.margin and self.arm.train_composer):
+            return
+        d, w = m.get("delta_phi", float("nan")), m.get("delta_weight", 0.0)
+        if self.world is not None:  # Δ over every rank's rewarded tokens (all ranks call this)
+            d, w = self.world.weighted_mean(d, w)
+            m["delta_phi"] = d
+        if w > 0:
+            self.beta = obj.dual_update(self.beta, self.margin, d, self.hp.eta_beta)
 
     def _feasibility(self, m: dict) -> None:
         if not (self.arm.margin and self.arm.train_composer):
@@ -335,7 +340,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self, tasks: list[Task] | None = None) -> float:
-        tasks = tasks if tasks is not None else self.res.val_tasks[: self.hp.val_tasks]
+        tasks = tasks if tasks is not None else stratified(self.res.val_tasks, self.hp.val_tasks)
         ev = self.res.params.evaluate
         self.bb.mode("student")
         res = evaluate_policy(self.bb.model, self.bb.fmt, self.res.envs, tasks, max_new_tokens=self.hp.max_new_tokens,
@@ -349,6 +354,7 @@ class Trainer:
         t = {f"student.{k}": v for k, v in self.bb.adapter_state("student").items()}
         if self.composer is not None:
             t.update({f"composer.{k}": v for k, v in self.composer.state().items()})
+        t.update({f"context.{k}": v for k, v in self.context.state().items()})
         return t
 
     def save(self, extra: dict | None = None) -> None:
@@ -370,6 +376,7 @@ class Trainer:
         self.bb.load_adapter_state("student", {k[8:]: v for k, v in tensors.items() if k.startswith("student.")})
         if self.composer is not None:
             self.composer.load_state({k[9:]: v for k, v in tensors.items() if k.startswith("composer.")})
+        self.context.load_state({k[8:]: v for k, v in tensors.items() if k.startswith("context.")})
         self.opt_theta.load_state_dict(state["opt_theta"])
         if self.opt_phi and state["opt_phi"]:
             self.opt_phi.load_state_dict(state["opt_phi"])
@@ -387,8 +394,8 @@ class Trainer:
     def fit(self) -> dict:
         """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
         hp = self.hp
-        if self.composer is not None:
-            self.prime_c0(self.res.train_tasks)
+        self.context.prime(self.res.train_tasks)
+        self._init_phi()
         resumed = self.restore() if self.arm.trains else None
         if self.arm.trains and self.step == 0:
             self._record(self._val_row(0))

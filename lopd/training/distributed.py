@@ -194,7 +194,7 @@ def _destroy() -> None:
 def broadcast_trainer(world: World | None, trainer) -> None:
     """Make every rank start from rank 0's adapters: student θ and, if present, the composer
     φ (its LoRA *and* its query block, including frozen ones, so a frozen composer is also
-    identical). Call right after the :class:`lopd.trainer.Trainer` is built (before
+    identical). Call right after the :class:`lopd.training.trainer.Trainer` is built (before
     ``fit``); a no-op for a single process."""
     if world is None:
         return
