@@ -45,7 +45,7 @@ from lopd.evaluate import evaluate_policy
 from lopd.model.backbone import Backbone
 from lopd.model.composer import Composer
 from lopd.rollout import collate, rollout_batch
-from lopd.training.checkpoint import load_checkpoint, save_checkpoint
+from lopd.training.checkpoint import restore_trainer, save_trainer
 from lopd.training.context import ContextBuilder
 
 HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
@@ -111,18 +111,6 @@ class Resources:
 
     def __post_init__(self):
         self.student_init = self.bb.adapter_state("student")
-
-
-def _rng_state(py: random.Random, gen: torch.Generator) -> dict:
-    return {"py": py.getstate(), "torch_gen": gen.get_state(), "torch": torch.get_rng_state(),
-            "np": np.random.get_state()}
-
-
-def _set_rng_state(st: dict, py: random.Random, gen: torch.Generator) -> None:
-    py.setstate(st["py"])
-    gen.set_state(st["torch_gen"])
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["np"])
 
 
 def stratified(tasks: list[Task], n: int) -> list[Task]:
@@ -350,40 +338,17 @@ class Trainer:
         return res["mean"] if tasks is not None and len(tasks) else float("nan")
 
     # ------------------------------------------------------------------ checkpoints
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        t = {f"student.{k}": v for k, v in self.bb.adapter_state("student").items()}
-        if self.composer is not None:
-            t.update({f"composer.{k}": v for k, v in self.composer.state().items()})
-        t.update({f"context.{k}": v for k, v in self.context.state().items()})
-        return t
-
     def save(self, extra: dict | None = None) -> None:
         if self.ckpt_dir is None or (self.world is not None and not self.world.is_main):
             return
-        state = {"step": self.step, "rollouts_used": self.rollouts_used, "beta": self.beta,
-                 "history": self.history, "opt_theta": self.opt_theta.state_dict(),
-                 "opt_phi": self.opt_phi.state_dict() if self.opt_phi else None,
-                 "rng": _rng_state(self.py_rng, self.gen), "infeasible_streak": self.infeasible_streak,
-                 "infeasible": self.infeasible, "last_val": self.last_val, **(extra or {})}
-        save_checkpoint(self.ckpt_dir, self._tensors(), state)
+        save_trainer(self, self.ckpt_dir, extra)
         if self.tracker is not None:
             self.tracker.flush()  # what a kill would lose from MLflow is at most one checkpoint interval
 
     def restore(self) -> dict | None:
         if self.ckpt_dir is None or not (Path(self.ckpt_dir) / "meta.json").exists():
             return None
-        tensors, state = load_checkpoint(self.ckpt_dir)
-        self.bb.load_adapter_state("student", {k[8:]: v for k, v in tensors.items() if k.startswith("student.")})
-        if self.composer is not None:
-            self.composer.load_state({k[9:]: v for k, v in tensors.items() if k.startswith("composer.")})
-        self.context.load_state({k[8:]: v for k, v in tensors.items() if k.startswith("context.")})
-        self.opt_theta.load_state_dict(state["opt_theta"])
-        if self.opt_phi and state["opt_phi"]:
-            self.opt_phi.load_state_dict(state["opt_phi"])
-        self.step, self.rollouts_used, self.beta = state["step"], state["rollouts_used"], state["beta"]
-        self.history = state["history"]
-        self.infeasible_streak, self.infeasible, self.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
-        _set_rng_state(state["rng"], self.py_rng, self.gen)
+        state = restore_trainer(self, self.ckpt_dir)
         if self.world is not None and not self.world.is_main:  # the checkpoint holds rank 0's RNG only
             s = self.world.rank_seed(self.seed) + 7919 * self.step
             self.py_rng.seed(s)
