@@ -35,12 +35,12 @@ def _timeit(fn, repeats):
 def timing(repeats: int) -> None:
     import torch
 
-    from lopd import objectives as obj
+    from lopd.training import objectives as obj
     from lopd import stages
     from lopd.arms import ARMS
     from lopd.rollout import collate, rollout_batch
     from lopd.tracking import Tracker
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     p = params()
     res = stages.load_resources(p, role="train")
@@ -113,7 +113,7 @@ def peak_memory_child(arm: str) -> None:
 
     from lopd import stages
     from lopd.arms import ARMS
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     p = params()
     res = stages.load_resources(p, role="train")

@@ -24,7 +24,7 @@ import torch
 
 from lopd.bank import ExperienceBank
 from lopd.model.composer import Composer
-from lopd.objectives import sft_loss, token_logprobs
+from lopd.training.objectives import sft_loss, token_logprobs
 from lopd.rollout import pad_sequences
 
 
@@ -78,7 +78,7 @@ def cold_start(bb, bank: ExperienceBank, task_emb: dict, *, steps: int, batch_si
 def privilege_probe(bb, comp: Composer, bank: ExperienceBank, rollouts, val_emb: dict, *, K: int, n_ret: int,
                     seeds: list[int]) -> dict:
     """Mean δ over policy tokens of successful val rollouts, per bank mode and seed."""
-    from lopd.objectives import outcome_weighted_delta, token_delta
+    from lopd.training.objectives import outcome_weighted_delta, token_delta
     from lopd.rollout import collate
 
     succ = [r for r in rollouts if r.reward >= 1.0]

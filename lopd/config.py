@@ -24,8 +24,48 @@ from lopd.errors import BadInput
 ARMS = tuple(ARM_REGISTRY)
 
 
+# Read recording (``tests/test_declared_reads.py``): when a set is installed, every read of a
+# section's key adds "section.key" to it, so a stage's reads can be compared with its dvc.yaml
+# declaration. ``Params`` itself is not recorded: reaching a section is not reading a key.
+_READS: set[str] | None = None
+
+
+def record_reads(into: set[str] | None) -> None:
+    """Start (a set) or stop (``None``) recording params reads."""
+    global _READS
+    _READS = into
+
+
+class unrecorded:
+    """Reads inside this block are not recorded: for checks whose result DVC already guarantees
+    (e.g. ``seed in train.seeds`` for a matrix stage — declaring ``train.seeds`` there would rerun
+    every seed's stage when one seed is added)."""
+
+    def __enter__(self):
+        global _READS
+        self._saved, _READS = _READS, None
+
+    def __exit__(self, *exc):
+        global _READS
+        _READS = self._saved
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    def __getattribute__(self, name: str):
+        if _READS is not None and not name.startswith("_") and name in type(self).model_fields:
+            sec = _SECTION_NAMES.get(type(self).__name__)
+            if sec is not None:
+                _READS.add(f"{sec}.{name}")
+        return super().__getattribute__(name)
+
+    def model_dump(self, *args, **kwargs):
+        if _READS is not None and type(self).__name__ in _SECTION_NAMES:
+            exclude = kwargs.get("exclude") or ()
+            sec = _SECTION_NAMES[type(self).__name__]
+            _READS.update(f"{sec}.{k}" for k in type(self).model_fields if k not in exclude)
+        return super().model_dump(*args, **kwargs)
 
 
 class ModelParams(_Section):
@@ -279,8 +319,13 @@ class Params(_Section):
         return self
 
     def section_hash(self, *names: str) -> str:
-        d = {n: getattr(self, n).model_dump() for n in (names or type(self).model_fields)}
+        """A short hash of whole sections, for MLflow tags (not recorded as reads: a tag is not an output)."""
+        with unrecorded():
+            d = {n: getattr(self, n).model_dump() for n in (names or type(self).model_fields)}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_SECTION_NAMES = {f.annotation.__name__: name for name, f in Params.model_fields.items()}
 
 
 def deep_merge(base: dict, over: dict) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 from lopd.arms import ARMS, get_arm
 from lopd.bank import BANK_MODES, Experience, ExperienceBank
-from lopd.checkpoint import load_checkpoint, load_tensors_verified, save_checkpoint, save_tensors
+from lopd.training.checkpoint import load_checkpoint, load_tensors_verified, save_checkpoint, save_tensors
 from lopd.envs.base import Task
 from lopd.errors import BadInput
 

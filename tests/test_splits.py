@@ -162,11 +162,15 @@ def test_corrupt_manifest(root):
         SplitReader(root, role="train")
 
 
-def test_stage_prepare_writes_relative_to_cwd(tmp_path, monkeypatch, params):
-    from lopd import stages
+def test_stage_prepare_writes_under_the_root_not_the_cwd(tmp_path, monkeypatch, params):
+    import lopd.pipeline.prepare as prepare_stage
+    from lopd.paths import Paths
 
-    monkeypatch.chdir(tmp_path)
-    m = stages.stage_prepare(params)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    m = prepare_stage.run(params, Paths(tmp_path))
+    assert not (elsewhere / "data").exists()
     assert (tmp_path / "data" / "splits" / "manifest.json").exists()
     assert {s: m["files"][s]["n"] for s in SPLITS} == {s: 2 * n for s, n in COUNTS.items()}
     assert SplitReader(tmp_path / "data" / "splits", role="evaluate").load("test")

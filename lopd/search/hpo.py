@@ -39,16 +39,25 @@ def make_storage(url_or_path: str):
     return JournalStorage(JournalFileBackend(url_or_path, lock_obj=JournalFileOpenLock(url_or_path)))
 
 
-def study_name(params) -> str:
+def dep_files(paths) -> list[Path]:
+    """The upstream outputs a trial's value depends on (hashed into the study name)."""
+    return [paths.splits / "manifest.json", paths.base, paths.bank / "manifest.json",
+            paths.cold_start / "phi0.safetensors"]
+
+
+def study_name(params, dep_files: list[Path]) -> str:
     """``hpo.study_name`` plus a hash of everything a trial's value depends on except
-    ``n_trials``: raising ``n_trials`` resumes the study, changing the space or the training
-    setup starts a new one in the same journal."""
+    ``n_trials`` — the training setup and the contents of the upstream outputs (splits manifest,
+    base model, bank, φ0): raising ``n_trials`` resumes the study, any other change starts a new
+    one in the same (persistent) journal."""
     import hashlib
     import json
 
+    from lopd.utils import sha256_path
+
     train = params.train.model_dump(exclude={"arms", "seeds", "use_best_params"})
-    setup = params.section_hash("model", "envs", "base", "bank", "cold_start", "evaluate")
-    setup = hashlib.sha256(json.dumps([setup, train], sort_keys=True).encode()).hexdigest()[:8]
+    setup = [sha256_path(f) for f in dep_files] + [train]
+    setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
     return f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
 
 
@@ -61,18 +70,17 @@ def _space_hash(params) -> str:
 
 
 def _fail_stale_trials(study) -> int:
-    """Trials left RUNNING by a killed process can never finish: mark them FAIL."""
+    """Trials left RUNNING by a killed process can never finish: mark them FAIL (public ``tell``)."""
     from optuna.trial import TrialState
 
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-        n += 1
-    return n
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        study.tell(t.number, state=TrialState.FAIL)
+    return len(stale)
 
 
-def run_search(params, res, *, storage: str, n_trials: int | None = None, worker: bool = False,
-               parent_tracker=None, trial_fn=None) -> "optuna.Study":  # noqa: F821
+def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
+               worker: bool = False, parent_tracker=None, trial_fn=None) -> "optuna.Study":  # noqa: F821
     import optuna
     from optuna.trial import TrialState
 
@@ -80,7 +88,7 @@ def run_search(params, res, *, storage: str, n_trials: int | None = None, worker
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=hp.seed, n_startup_trials=min(8, hp.n_trials))
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
-    study = optuna.create_study(study_name=study_name(params), storage=make_storage(storage), sampler=sampler,
+    study = optuna.create_study(study_name=study_name(params, dep_files), storage=make_storage(storage), sampler=sampler,
                                 pruner=pruner, direction="maximize", load_if_exists=True)
     if not worker:
         stale = _fail_stale_trials(study)
@@ -104,7 +112,7 @@ def run_search(params, res, *, storage: str, n_trials: int | None = None, worker
 def _objective(trial, params, res, parent_tracker) -> float:
     import optuna
 
-    from lopd.stages import run_arm
+    from lopd.training.run import run_arm
 
     hp = params.hpo
     margin = trial.suggest_categorical("margin", list(hp.margin_choices))
@@ -121,11 +129,11 @@ def _objective(trial, params, res, parent_tracker) -> float:
 
         tmp = Path(tempfile.mkdtemp(prefix=f"trial{trial.number}-"))
         try:
-            r = run_arm(params, res, "lopd", 1000 + s, tmp, ckpt_dir=None,
-                        tags={"stage": "hpo", "trial": trial.number, "split": "val"},
-                        hp_over={"margin": margin, "K": K, "n_ret": n_ret, "steps": hp.steps, "val_every": hp.val_every},
-                        on_val=on_val, parent_run_id=parent_tracker.run_id if parent_tracker else None,
-                        use_selected=False)
+            r, _ = run_arm(params, res, "lopd", 1000 + s, tmp, ckpt_dir=None,
+                           tags={"stage": "hpo", "trial": trial.number, "split": "val"},
+                           hp_over={"margin": margin, "K": K, "n_ret": n_ret, "steps": hp.steps,
+                                    "val_every": hp.val_every},
+                           on_val=on_val, parent_run_id=parent_tracker.run_id if parent_tracker else None)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         vals.append(r["val_reward"])
@@ -153,9 +161,8 @@ def write_outputs(study, out_dir: Path) -> dict:
     return sel
 
 
-def write_result(out_dir: Path, sel: dict, study, splits_read: list, tracker) -> None:
+def write_result(out_dir: Path, sel: dict, study, splits_read: list) -> None:
     from optuna.trial import TrialState
 
     states = {s.name: len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
-    write_json(out_dir / "result.json", {"best": sel, "trial_states": states, "splits_read": splits_read,
-                                         "mlflow_run_id": tracker.run_id if tracker else None})
+    write_json(out_dir / "result.json", {"best": sel, "trial_states": states, "splits_read": splits_read})

@@ -51,60 +51,7 @@ SUPPORTS = ("teacher", "student", "union")
 _TAIL_LOGMASS_MAX = -1e-7
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _promote(x: Tensor) -> Tensor:
-    """Half precision → float32; float32/float64 unchanged (differentiable cast)."""
-    if x.dtype in (torch.float16, torch.bfloat16):
-        return x.float()
-    return x
-
-
-def _require_float(name: str, x: Tensor) -> None:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-
-
-def _require_dim(name: str, x: Tensor, dim: int, what: str) -> None:
-    if x.dim() != dim:
-        raise ValueError(f"{name} must have shape {what}, got {tuple(x.shape)}")
-
-
-def _check_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], against: str) -> Tensor:
-    """Validate an (N, T) mask and return it as a 0/1-or-weight float32 tensor."""
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(
-            f"mask must have shape {tuple(shape)} (the (N, T) of {against}), "
-            f"got {tuple(mask.shape)}"
-        )
-    if mask.dtype == torch.bool:
-        return mask.float()
-    if not (mask.is_floating_point() or mask.dtype in (torch.int8, torch.int16, torch.int32,
-                                                       torch.int64, torch.uint8)):
-        raise ValueError(f"mask must be bool, integer or float, got dtype {mask.dtype}")
-    return mask.float()
-
-
-def _check_scalar(name: str, value: float, *, nonneg: bool = False) -> float:
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
-        value = value.item()
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if nonneg and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
+from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float  # noqa: E402
 
 # --------------------------------------------------------------------------- log-probs
 
@@ -160,6 +107,42 @@ class KLResult(NamedTuple):
 def _tail_logprob(in_support_logmass: Tensor) -> Tensor:
     """log p(tail) = log(1 - exp(L)) = log(-expm1(L)), with L clamped to <= -1e-7."""
     return torch.log(-torch.expm1(in_support_logmass.clamp(max=_TAIL_LOGMASS_MAX)))
+
+
+def _support_terms(ls: Tensor, lt: Tensor, top_m: int, support: str) -> tuple[Tensor, Tensor, Tensor]:
+    """On the support S: ``Σ_{v∈S} p_S(v)(log p_S(v) − log p_T(v))`` and the log-masses of S
+    under the student and the teacher (each ``(N, T)``)."""
+    vocab = ls.shape[-1]
+    if top_m >= vocab:
+        # Whole vocabulary: no selection needed.
+        ls_in, lt_in = ls, lt
+        in_support_term = (ls_in.exp() * (ls_in - lt_in)).sum(-1)
+        ls_mass = torch.logsumexp(ls_in, dim=-1)
+        lt_mass = torch.logsumexp(lt_in, dim=-1)
+    elif support in ("teacher", "student"):
+        # A fixed-size support: gather the M selected entries, (N, T, M).
+        ref = lt if support == "teacher" else ls
+        idx = ref.detach().topk(top_m, dim=-1).indices
+        ls_in = ls.gather(-1, idx)
+        lt_in = lt.gather(-1, idx)
+        in_support_term = (ls_in.exp() * (ls_in - lt_in)).sum(-1)
+        ls_mass = torch.logsumexp(ls_in, dim=-1)
+        lt_mass = torch.logsumexp(lt_in, dim=-1)
+    else:  # union: variable size, boolean (N, T, V) support mask
+        idx_t = lt.detach().topk(top_m, dim=-1).indices
+        idx_s = ls.detach().topk(top_m, dim=-1).indices
+        sel = torch.zeros(ls.shape, dtype=torch.bool, device=ls.device)
+        sel.scatter_(-1, idx_t, True)
+        sel.scatter_(-1, idx_s, True)
+        zero = ls.new_zeros(())
+        neg_inf = ls.new_full((), -math.inf)
+        # Substitute before exp/log so nothing outside S can leak NaN into the graph.
+        ls_safe = torch.where(sel, ls, zero)
+        lt_safe = torch.where(sel, lt, zero)
+        in_support_term = torch.where(sel, ls_safe.exp() * (ls_safe - lt_safe), zero).sum(-1)
+        ls_mass = torch.logsumexp(torch.where(sel, ls, neg_inf), dim=-1)
+        lt_mass = torch.logsumexp(torch.where(sel, lt, neg_inf), dim=-1)
+    return in_support_term, ls_mass, lt_mass
 
 
 def reverse_kl_topm_tail(
@@ -235,38 +218,7 @@ def reverse_kl_topm_tail(
     if ls.dtype != lt.dtype:
         common = torch.promote_types(ls.dtype, lt.dtype)
         ls, lt = ls.to(common), lt.to(common)
-    vocab = ls.shape[-1]
-
-    if top_m >= vocab:
-        # Whole vocabulary: no selection needed.
-        ls_in, lt_in = ls, lt
-        in_support_term = (ls_in.exp() * (ls_in - lt_in)).sum(-1)
-        ls_mass = torch.logsumexp(ls_in, dim=-1)
-        lt_mass = torch.logsumexp(lt_in, dim=-1)
-    elif support in ("teacher", "student"):
-        # A fixed-size support: gather the M selected entries, (N, T, M).
-        ref = lt if support == "teacher" else ls
-        idx = ref.detach().topk(top_m, dim=-1).indices
-        ls_in = ls.gather(-1, idx)
-        lt_in = lt.gather(-1, idx)
-        in_support_term = (ls_in.exp() * (ls_in - lt_in)).sum(-1)
-        ls_mass = torch.logsumexp(ls_in, dim=-1)
-        lt_mass = torch.logsumexp(lt_in, dim=-1)
-    else:  # union: variable size, boolean (N, T, V) support mask
-        idx_t = lt.detach().topk(top_m, dim=-1).indices
-        idx_s = ls.detach().topk(top_m, dim=-1).indices
-        sel = torch.zeros(ls.shape, dtype=torch.bool, device=ls.device)
-        sel.scatter_(-1, idx_t, True)
-        sel.scatter_(-1, idx_s, True)
-        zero = ls.new_zeros(())
-        neg_inf = ls.new_full((), -math.inf)
-        # Substitute before exp/log so nothing outside S can leak NaN into the graph.
-        ls_safe = torch.where(sel, ls, zero)
-        lt_safe = torch.where(sel, lt, zero)
-        in_support_term = torch.where(sel, ls_safe.exp() * (ls_safe - lt_safe), zero).sum(-1)
-        ls_mass = torch.logsumexp(torch.where(sel, ls, neg_inf), dim=-1)
-        lt_mass = torch.logsumexp(torch.where(sel, lt, neg_inf), dim=-1)
-
+    in_support_term, ls_mass, lt_mass = _support_terms(ls, lt, top_m, support)
     ls_tail = _tail_logprob(ls_mass)
     lt_tail = _tail_logprob(lt_mass)
     tail_term = ls_tail.exp() * (ls_tail - lt_tail)
@@ -282,153 +234,6 @@ def reverse_kl_topm_tail(
         tail_mass = (tail_p * m.to(tail_p.dtype)).sum() / denom.to(tail_p.dtype)
 
     return KLResult(loss=loss, per_token=per_token, tail_mass=tail_mass.detach())
-
-
-# --------------------------------------------------------------------------- margin / Δ(φ)
-
-
-def token_delta(teacher_token_logp: Tensor, student_token_logp: Tensor) -> Tensor:
-    """Per-token log-ratio ``δ_t = log π_T(y_t | s_t, c_φ) − sg[log π_S(y_t | s_t)]``.
-
-    The student term is detached (``sg`` = stop-gradient), so gradients reach only the
-    teacher side (i.e. the composer φ through the latent context); the teacher term keeps
-    its graph.
-
-    Args:
-        teacher_token_logp: ``(N, T)`` log-probs of the sampled tokens under π_T.
-        student_token_logp: ``(N, T)`` log-probs of the same tokens under π_S.
-
-    Returns:
-        ``(N, T)`` δ.
-    """
-    _require_float("teacher_token_logp", teacher_token_logp)
-    _require_float("student_token_logp", student_token_logp)
-    _require_dim("teacher_token_logp", teacher_token_logp, 2, "(N, T)")
-    if teacher_token_logp.shape != student_token_logp.shape:
-        raise ValueError(
-            "teacher_token_logp and student_token_logp must have the same (N, T) shape, "
-            f"got {tuple(teacher_token_logp.shape)} and {tuple(student_token_logp.shape)}"
-        )
-    return _promote(teacher_token_logp) - _promote(student_token_logp).detach()
-
-
-def outcome_weighted_delta(delta: Tensor, mask: Tensor, rewards: Tensor) -> tuple[Tensor, float]:
-    """Outcome-weighted mean log-ratio ``Δ(φ)``.
-
-    ::
-
-        Δ(φ) = Σ_n r_n Σ_t mask_{n,t} δ_{n,t}  /  Σ_n r_n Σ_t mask_{n,t}
-
-    i.e. a token mean of δ in which each trajectory's tokens are weighted by its reward
-    ``r_n ∈ [0, 1]``; trajectories with ``r_n = 0`` carry no weight (their δ is never read).
-
-    Args:
-        delta: ``(N, T)`` δ from :func:`token_delta` (graph kept).
-        mask: ``(N, T)`` supervised-token mask.
-        rewards: ``(N,)`` rewards in ``[0, 1]`` (treated as constants).
-
-    Returns:
-        ``(delta_phi, weight_sum)``: a scalar tensor with graph and the float denominator
-        ``Σ_n r_n Σ_t mask_{n,t}``. If ``weight_sum == 0`` (no rewarded supervised token)
-        this returns ``(0 · Σ δ, 0.0)`` — value 0 but still attached to the graph — and the
-        **caller must skip the dual update** for this batch, since Δ is undefined.
-    """
-    _require_float("delta", delta)
-    _require_dim("delta", delta, 2, "(N, T)")
-    m = _check_mask(mask, delta.shape, "delta")
-    if not isinstance(rewards, Tensor):
-        raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
-    if tuple(rewards.shape) != (delta.shape[0],):
-        raise ValueError(
-            f"rewards must have shape (N,) = ({delta.shape[0]},), got {tuple(rewards.shape)}"
-        )
-    r = rewards.detach().to(torch.float64 if delta.dtype == torch.float64 else torch.float32)
-    if not torch.isfinite(r).all() or (r < 0).any() or (r > 1).any():
-        raise ValueError("rewards must be finite and lie in [0, 1]")
-
-    d = _promote(delta)
-    w = (r[:, None] * m.to(r.dtype)).to(d.dtype)  # (N, T)
-    used = w != 0
-    d_used = torch.where(used, d, d.new_zeros(()))
-    weight_sum = float(w.sum().item())
-    if weight_sum == 0.0:
-        return d_used.sum() * 0.0, 0.0
-    return (w * d_used).sum() / weight_sum, weight_sum
-
-
-def margin_sat_frac(delta: Tensor, mask: Tensor, margin: float) -> float:
-    """Fraction of supervised tokens whose δ satisfies the margin: ``#{δ ≥ m} / #supervised``.
-
-    Unweighted (rewards are ignored); ``δ == m`` counts as satisfied. Returns ``nan`` if
-    there are no supervised tokens. Diagnostic only (no graph).
-    """
-    _require_float("delta", delta)
-    _require_dim("delta", delta, 2, "(N, T)")
-    m = _check_mask(mask, delta.shape, "delta")
-    margin = _check_scalar("margin", margin)
-    with torch.no_grad():
-        sup = m != 0
-        n = int(sup.sum().item())
-        if n == 0:
-            return math.nan
-        hit = int(((delta.detach() >= margin) & sup).sum().item())
-    return hit / n
-
-
-def margin_penalty(beta: float, margin: float, delta_phi: Tensor) -> Tensor:
-    """Lagrangian margin term ``β · (m − Δ(φ))``, minimised over φ (β held fixed).
-
-    Minimising it pushes Δ(φ) up with force β; β itself is updated by :func:`dual_update`.
-    """
-    beta = _check_scalar("beta", beta, nonneg=True)
-    margin = _check_scalar("margin", margin)
-    _require_float("delta_phi", delta_phi)
-    if delta_phi.dim() != 0:
-        raise ValueError(f"delta_phi must be a scalar (0-dim) tensor, got {tuple(delta_phi.shape)}")
-    return beta * (margin - delta_phi)
-
-
-def dual_update(beta: float, margin: float, delta_phi: float, eta: float) -> float:
-    """Projected dual ascent on the margin constraint ``Δ(φ) ≥ m``.
-
-    ``β ← max(0, β + η · (m − Δ))``: β grows while the constraint is violated (Δ < m),
-    shrinks toward 0 when it holds with slack (Δ > m), and is never negative.
-    Requires ``η ≥ 0`` and ``β ≥ 0``; ``η = 0`` leaves β unchanged. ``delta_phi`` may be a
-    float or a one-element tensor (its value is used).
-    """
-    beta = _check_scalar("beta", beta, nonneg=True)
-    margin = _check_scalar("margin", margin)
-    delta_phi = _check_scalar("delta_phi", delta_phi)
-    eta = _check_scalar("eta", eta, nonneg=True)
-    return max(0.0, beta + eta * (margin - delta_phi))
-
-
-# --------------------------------------------------------------------------- anchor
-
-
-def anchor_loss(c_phi: Tensor, c_phi0: Tensor, lam: float) -> Tensor:
-    """Anchor of the latent context to its initial value: ``λ · mean ‖c_φ − sg[c_φ0]‖²``.
-
-    The squared L2 norm is taken over the last (hidden) dimension; the mean is over all
-    other dimensions (i.e. over latent vectors). ``c_phi0`` is detached here, so gradient
-    flows only into ``c_phi``.
-
-    Args:
-        c_phi: ``(..., H)`` current latent vectors.
-        c_phi0: ``(..., H)`` reference latent vectors (same shape).
-        lam: λ ≥ 0.
-    """
-    lam = _check_scalar("lam", lam, nonneg=True)
-    _require_float("c_phi", c_phi)
-    _require_float("c_phi0", c_phi0)
-    if c_phi.dim() < 1 or c_phi.shape != c_phi0.shape:
-        raise ValueError(
-            "c_phi and c_phi0 must have the same (..., H) shape, got "
-            f"{tuple(c_phi.shape)} and {tuple(c_phi0.shape)}"
-        )
-    a = _promote(c_phi)
-    diff = a - _promote(c_phi0).detach().to(a.dtype)
-    return lam * diff.pow(2).sum(-1).mean()
 
 
 # --------------------------------------------------------------------------- GRPO / SFT
@@ -532,3 +337,14 @@ def sft_loss(token_logp: Tensor, mask: Tensor, weights: Tensor | None = None) ->
     if float(denom.item()) == 0.0:
         return lp_safe.sum() * 0.0
     return -(w * lp_safe).sum() / denom
+
+
+# Δ(φ), the margin and the anchor live in lopd.training.margin; re-exported so callers use one namespace.
+from lopd.training.margin import (  # noqa: E402,F401
+    anchor_loss,
+    dual_update,
+    margin_penalty,
+    margin_sat_frac,
+    outcome_weighted_delta,
+    token_delta,
+)

@@ -16,9 +16,9 @@ before the dual update.
 Launch (one process per GPU; ``torchrun`` sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT)::
 
-    torchrun --standalone --nproc_per_node N stages/train.py --arm lopd --seed 0
+    torchrun --standalone --nproc_per_node N -m lopd.cli train --arm lopd --seed 0
 
-``stage_train`` calls :meth:`World.from_env`, which returns ``None`` for a plain
+The train stage calls :meth:`World.from_env`, which returns ``None`` for a plain
 single-process run (WORLD_SIZE unset or 1), so nothing changes there. Backend: NCCL when
 the model runs on CUDA (each rank is pinned to ``cuda:LOCAL_RANK`` *before* the model is
 loaded, so ``model.device: cuda`` lands on the rank's own GPU), gloo on CPU. Only rank 0
@@ -194,7 +194,7 @@ def _destroy() -> None:
 def broadcast_trainer(world: World | None, trainer) -> None:
     """Make every rank start from rank 0's adapters: student θ and, if present, the composer
     φ (its LoRA *and* its query block, including frozen ones, so a frozen composer is also
-    identical). Call right after the :class:`lopd.trainer.Trainer` is built (before
+    identical). Call right after the :class:`lopd.training.trainer.Trainer` is built (before
     ``fit``); a no-op for a single process."""
     if world is None:
         return

@@ -10,13 +10,14 @@ restart.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -24,7 +25,9 @@ from lopd.errors import BadInput
 
 
 def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    from lopd.utils import sha256_file
+
+    return sha256_file(path)
 
 
 def save_checkpoint(ckpt_dir: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -85,3 +88,54 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, path)
     path.with_name(path.name + ".sha256").write_text(_sha(path) + "\n")
+
+
+# --------------------------------------------------------------------------- a trainer's full state
+def _rng_state(py: random.Random, gen: torch.Generator) -> dict:
+    return {"py": py.getstate(), "torch_gen": gen.get_state(), "torch": torch.get_rng_state(),
+            "np": np.random.get_state()}
+
+
+def _set_rng_state(st: dict, py: random.Random, gen: torch.Generator) -> None:
+    py.setstate(st["py"])
+    gen.set_state(st["torch_gen"])
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["np"])
+
+
+def _trainer_tensors(tr) -> dict[str, torch.Tensor]:
+    t = {f"student.{k}": v for k, v in tr.bb.adapter_state("student").items()}
+    if tr.composer is not None:
+        t.update({f"composer.{k}": v for k, v in tr.composer.state().items()})
+    t.update({f"context.{k}": v for k, v in tr.context.state().items()})
+    return t
+
+
+def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def save_trainer(tr, ckpt_dir: Path, extra: dict | None = None) -> None:
+    """Everything a resumed run needs to continue bit-identically: adapters, composer, optimisers,
+    β, RNG states, counters and the history so far."""
+    state = {"step": tr.step, "rollouts_used": tr.rollouts_used, "beta": tr.beta, "history": tr.history,
+             "opt_theta": tr.opt_theta.state_dict(), "opt_phi": tr.opt_phi.state_dict() if tr.opt_phi else None,
+             "rng": _rng_state(tr.py_rng, tr.gen), "infeasible_streak": tr.infeasible_streak,
+             "infeasible": tr.infeasible, "last_val": tr.last_val, **(extra or {})}
+    save_checkpoint(ckpt_dir, _trainer_tensors(tr), state)
+
+
+def restore_trainer(tr, ckpt_dir: Path) -> dict:
+    tensors, state = load_checkpoint(ckpt_dir)
+    tr.bb.load_adapter_state("student", _prefixed(tensors, "student."))
+    if tr.composer is not None:
+        tr.composer.load_state(_prefixed(tensors, "composer."))
+    tr.context.load_state(_prefixed(tensors, "context."))
+    tr.opt_theta.load_state_dict(state["opt_theta"])
+    if tr.opt_phi and state["opt_phi"]:
+        tr.opt_phi.load_state_dict(state["opt_phi"])
+    tr.step, tr.rollouts_used, tr.beta = state["step"], state["rollouts_used"], state["beta"]
+    tr.history = state["history"]
+    tr.infeasible_streak, tr.infeasible, tr.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
+    _set_rng_state(state["rng"], tr.py_rng, tr.gen)
+    return state

@@ -1,0 +1,50 @@
+"""Stage ``evaluate@{arm}-{seed}``: the ONLY stage that reads the test split. The trained student
+alone (no retrieval, no latents, no composer) on every test task."""
+
+from __future__ import annotations
+
+from lopd import data as data_mod
+from lopd.config import Params
+from lopd.errors import BadInput
+from lopd.paths import Paths
+from lopd.pipeline.common import splits_read
+from lopd.utils import write_json
+
+
+def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
+    from lopd.evaluate import evaluate_policy
+
+    ev = params.evaluate
+    return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
+                           batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed)
+
+
+def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
+    from lopd.arms import get_arm
+    from lopd.training.checkpoint import load_tensors_verified
+    from lopd.envs import make_env
+    from lopd.evaluate import make_envs
+    from lopd.model.backbone import load_student_policy
+    from lopd.utils import seed_everything
+
+    get_arm(arm)
+    run_dir = paths.run_dir(arm, seed)
+    if not (run_dir / "result.json").exists():
+        raise BadInput(f"no finished run at {run_dir} (train {arm} seed {seed} first)")
+    seed_everything(0, params.model.torch_threads)
+    model, fmt = load_student_policy(params, paths.base, load_tensors_verified(run_dir / "student.safetensors"))
+    test = data_mod.SplitReader(paths.splits, role="evaluate").load("test")
+    res = _evaluate(params, model, fmt, make_envs(params), test, seed)
+    benchmarks = {}
+    for dom in params.envs.eval_domains:  # real benchmark data, evaluation only
+        env = make_env(dom, params.envs)
+        b = _evaluate(params, model, fmt, {dom: env}, env.generate(params.envs.seed, params.envs.n_test), seed)
+        benchmarks[dom] = b["mean"]
+        res["per_task"] += b["per_task"]
+    out = paths.eval_dir(arm, seed)
+    write_json(out / "per_task.json", res["per_task"])
+    result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
+              "benchmarks": benchmarks, "n_tasks": len(test), "splits_read": splits_read()}
+    write_json(out / "result.json", result)
+    print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
+    return result
