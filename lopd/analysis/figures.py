@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from lopd.analysis import stats as st
 from lopd.analysis.dynamics import aggregate
 from lopd.analysis.plotdata import DYNAMICS_ARMS, EFFICIENCY_ARMS, SENSITIVITY_AXES, curves, read_plot_csv
 from lopd.analysis.render import arm_order
+from lopd.utils import atomic_write_bytes
 
 COLORS = {
     "base": "#7f7f7f", "sft": "#8c564b", "grpo": "#d62728", "opsd_text": "#ff7f0e", "lopd_frozen": "#bcbd22",
@@ -27,11 +28,10 @@ CONTROL_STYLE = {"lopd_shuffled": ":", "lopd_unrelated": ":", "lopd_nocontent": 
 
 def save_fig(fig: Figure, path: Path) -> None:
     """Atomic PNG write through the Agg canvas."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _band(ax, agg: dict, label: str, color, *, marker: str | None = None, ls: str = "-") -> None:

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lopd.arms import ARMS
+from lopd.utils import atomic_write_text
 
 
 def write_text(path: Path, text: str) -> None:
-    """Atomic text write (tmp + rename), newline-terminated."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text if text.endswith("\n") else text + "\n")
-    os.replace(tmp, path)
+    """Atomic, newline-terminated text write."""
+    atomic_write_text(path, text if text.endswith("\n") else text + "\n")
 
 
 def finite(x: Any) -> bool:
@@ -40,21 +37,6 @@ def fmt_p(p: Any) -> str:
     if p is None or (isinstance(p, (float, np.floating)) and math.isnan(p)):
         return "n/a"
     return f"{p:.1e}" if p < 1e-4 else f"{p:.4f}"
-
-
-def json_safe(x: Any) -> Any:
-    """Plain JSON types; nan/inf become None."""
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    return x
 
 
 def arm_order(names) -> list[str]:

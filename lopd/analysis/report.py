@@ -24,10 +24,10 @@ from lopd.analysis.calibration import claim_rates, scenarios
 from lopd.analysis.falsification import Rule, analyse, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
                                    task_contrast_fn, values)
-from lopd.analysis.render import json_safe, write_text
+from lopd.analysis.render import write_text
 from lopd.arms import ARMS
 from lopd.errors import BadInput
-from lopd.utils import write_json
+from lopd.utils import clean_json, write_json
 
 REPORT_DIR = "reports"
 OPTIONAL_FILES = ("hpo/trials.csv", "hpo/best_params.yaml", "results/sensitivity/grid.csv", "dvc.yaml",
@@ -72,7 +72,7 @@ def _design_note(params, rule: Rule, fal: dict) -> str:
 
 
 def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra) -> dict:
-    return json_safe({
+    return clean_json({
         "test_reward": {a: mt["cells"][a][MEAN_COL]["mean"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
         "test_ci_half": {a: mt["cells"][a][MEAN_COL]["ci_half"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
         "n_seeds_by_arm": {a: len(evals[a]) for a in mt["arms"]},

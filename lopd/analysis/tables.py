@@ -14,7 +14,7 @@ import numpy as np
 
 from lopd.analysis import stats as st
 from lopd.analysis.loading import MEAN_COL, values
-from lopd.analysis.render import arm_order, fmt, fmt_p, json_safe, md_table, tex_escape, write_text
+from lopd.analysis.render import arm_order, fmt, fmt_p, md_table, tex_escape, write_text
 from lopd.utils import write_json
 
 
@@ -191,7 +191,7 @@ def write_metrics(out: Path, mt: dict, fal: dict, premise: dict) -> list[str]:
     for mode, d in premise["delta"].items():
         rows[f"premise/{mode}"] = {"mean": d}
     for name, row in rows.items():
-        write_json(base / f"{name}.json", json_safe({k: _round(v) for k, v in row.items()}))
+        write_json(base / f"{name}.json", {k: _round(v) for k, v in row.items()})
     return sorted(rows)
 
 
