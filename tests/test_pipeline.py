@@ -143,3 +143,11 @@ def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_re
     assert states["COMPLETE"] + states["PRUNED"] == n + 1 and states["FAIL"] == 0, states
     after = (repo / "hpo/trials.csv").read_text().splitlines()
     assert len(after) == len(before) + 1 and after[:len(before)] == before, (before, after)
+
+
+def test_dvc_yaml_plots_match_the_report_declarations():
+    """The plots dvc.yaml declares are the ones the report writes data for (same files and fields)."""
+    from lopd.analysis.plotdata import plot_declarations
+
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    assert dvc["plots"] == plot_declarations()
