@@ -208,3 +208,24 @@ def test_grpo_trainer_zero_variance_group_makes_no_update(resources, workspace, 
     assert m["loss"] == 0.0
     assert tr.rollouts_used == TASKS_PER_STEP
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_same_seed_same_initial_student_and_task_order_in_every_arm(workspace, resources):
+    """Pairing arms by training seed is meaningful only if a seed fixes the starting student and
+    the tasks each step trains on, whatever the arm (GRPO samples whole groups, so it is exempt)."""
+    from lopd.training.trainer import HParams, Trainer
+
+    params = _small(workspace)
+    hp = HParams.from_params(params)
+    seen = {}
+    for arm in [a for a in ARMS.values() if not a.grouped]:
+        for seed in (0, 1):
+            tr = Trainer(resources, arm, hp, seed)
+            init = {k: v.clone() for k, v in resources.bb.adapter_state("student").items()}
+            order = [[t.task_id for t in tr.sample_tasks()] for _ in range(3)]
+            seen[(arm.name, seed)] = (init, order)
+    for (arm, seed), (init, order) in seen.items():
+        ref_init, ref_order = seen[("lopd", seed)]
+        assert order == ref_order, f"{arm} seed {seed} trains on other tasks than lopd"
+        assert all(torch.equal(init[k], ref_init[k]) for k in ref_init), f"{arm} seed {seed} starts elsewhere"
+    assert seen[("lopd", 0)][1] != seen[("lopd", 1)][1], "different seeds must give different task orders"
