@@ -55,11 +55,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def process_start_time(pid: int | None = None) -> float:
+    """Wall-clock time (epoch s) at which a process started, from /proc; now if unavailable."""
+    import time
+
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point. Under ``dvc repro`` (and only when called as a command) the stage runs
     in the warm worker; otherwise in this process."""
     from lopd import warm
 
+    os.environ.setdefault("LOPD_T0", repr(process_start_time()))  # for the pipeline bench's start-up figure
     if warm.wanted(argv):
         args = sys.argv[1:]
         ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
@@ -103,8 +118,7 @@ def _apply_profile(args) -> int:
 def _dispatch(args) -> int:
     import importlib
 
-    from lopd.config import load_params, unrecorded
-    from lopd.errors import BadInput
+    from lopd.config import load_params
     from lopd.paths import Paths
 
     if args.cmd == "apply-profile":
@@ -115,6 +129,15 @@ def _dispatch(args) -> int:
         return 0
     paths = Paths.for_params(args.params)
     stage = importlib.import_module(f"lopd.pipeline.{args.cmd.replace('-', '_')}")
+    with _timed(paths, args.cmd):
+        _run_stage(stage, params, paths, args)
+    return 0
+
+
+def _run_stage(stage, params, paths, args) -> None:
+    from lopd.config import unrecorded
+    from lopd.errors import BadInput
+
     if args.cmd in ("train", "evaluate"):
         from lopd.arms import get_arm
 
@@ -127,7 +150,36 @@ def _dispatch(args) -> int:
         stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
     else:
         stage.run(params, paths)
-    return 0
+
+
+class _timed:
+    """Side file ``.lopd/timing/<stage>.json`` (not a DVC output): when the process started, when the
+    stage's work began and ended, and the CPU seconds of that work (its subprocesses included), for
+    ``bench/pipeline.sh``'s start-up and useful-work figures."""
+
+    def __init__(self, paths, cmd: str):
+        self.paths, self.cmd = paths, cmd
+
+    def __enter__(self):
+        import resource
+        import time
+
+        self.t0 = time.time()
+        self.ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+
+    def __exit__(self, exc_type, *exc):
+        import resource
+        import time
+
+        from lopd.utils import write_json
+
+        ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(self.ru, ru))
+        stage = os.environ.get("DVC_STAGE") or self.cmd
+        write_json(self.paths.root / ".lopd" / "timing" / f"{stage.replace('@', '-')}.json",
+                   {"stage": stage, "kind": self.cmd, "t_process": float(os.environ.get("LOPD_T0", self.t0)),
+                    "t_work": self.t0, "t_end": time.time(), "cpu_work": cpu, "ok": exc_type is None,
+                    "warm": os.environ.get("LOPD_IN_WARM") == "1"})
 
 
 # --------------------------------------------------------------------------- declared = read

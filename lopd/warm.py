@@ -176,6 +176,17 @@ def _preload() -> None:
         pass
 
 
+def _write_preload_timing(root: str, owner: int, t0: float, cpu: float) -> None:
+    """Side file for ``bench/pipeline.sh``: the warm worker's one-time import cost."""
+    from pathlib import Path
+
+    from lopd.utils import write_json
+
+    write_json(Path(root) / ".lopd" / "timing" / f"warm-worker-{owner}.json",
+               {"stage": "warm-worker", "kind": "warm-worker", "t_process": t0, "t_work": time.time(),
+                "t_end": time.time(), "cpu_startup": cpu, "cpu_work": 0.0})
+
+
 def _watch_connection(conn: socket.socket) -> None:
     """In the stage child: exit at once when the client goes away (it was killed)."""
     try:
@@ -198,7 +209,7 @@ def _child(conn: socket.socket) -> None:
         os.close(fd)
     os.chdir(req["cwd"])
     os.environ.clear()
-    os.environ.update(req["env"])
+    os.environ.update(req["env"], LOPD_IN_WARM="1")
     sys.argv = ["lopd", *req["argv"]]
     threading.Thread(target=_watch_connection, args=(conn,), daemon=True).start()
     rc = 1
@@ -232,7 +243,9 @@ def serve(owner: int, root: str) -> None:
         sock.bind(address(owner, root))
     except OSError:
         return  # another server for this owner is already up
+    t0, cpu0 = time.time(), time.process_time()
     _preload()
+    _write_preload_timing(root, owner, t0, time.process_time() - cpu0)
     sock.listen(16)
     sock.settimeout(POLL_S)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
