@@ -41,10 +41,12 @@ class ContextBuilder:
         self._c0: dict[str, torch.Tensor] = {}
 
     def experiences_for(self, task: Task) -> list[list[int]]:
-        """Token ids of the ``n_ret`` experiences retrieved for ``task`` under the arm's bank mode."""
+        """Token ids of the ``n_ret`` experiences retrieved for ``task`` under the arm's bank mode
+        (the learned context is initialised from relevant retrieval, then retrieves nothing)."""
         if task.task_id not in self._ids:
+            mode = "relevant" if self.arm.context == "learned" else self.arm.bank_mode
             q = self.res.task_emb[task.task_id]
-            exps = self.res.bank.retrieve(task, q, self.hp.n_ret, self.arm.bank_mode, seed=self.seed)
+            exps = self.res.bank.retrieve(task, q, self.hp.n_ret, mode, seed=self.seed)
             self._ids[task.task_id] = [self.bb.fmt.experience_ids(e.messages) for e in exps]
         return self._ids[task.task_id]
 
