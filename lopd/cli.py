@@ -96,7 +96,9 @@ def _dispatch(args) -> int:
 
         start_sidecar(params.tracking)  # imports MLflow on the other core while this stage loads torch
     from lopd import stages
+    from lopd.lockguard import snapshot_for_stage
 
+    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
     if args.cmd == "prepare":
         stages.stage_prepare(params)
     elif args.cmd == "base":
