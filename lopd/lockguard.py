@@ -142,6 +142,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _sweep_temps(folder: Path, older_than: float = 60.0) -> None:
+    """Delete temp files of :func:`_atomic_write` left by a killed process (a live writer's are newer)."""
+    for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if time.time() - tmp.stat().st_mtime > older_than:
+                tmp.unlink()
+
+
 def _read(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -168,6 +176,7 @@ def snapshot_lock(repo_root: str | Path, stage: str | None = None) -> bool:
         return False
     if lock_problem(text, old.decode("utf-8", "replace") if old is not None else None):
         return False
+    _sweep_temps(snap_path.parent)
     _atomic_write(snap_path, cur)
     meta = {"sha256": hashlib.sha256(cur).hexdigest(), "stage": stage, "time": time.time()}
     _atomic_write(root / KEEP_DIR / META_NAME, json.dumps(meta).encode())

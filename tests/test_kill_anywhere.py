@@ -314,6 +314,8 @@ def test_kill_anywhere_rerun_gives_the_same_bytes(smoke_reference, tmp_path):
     kills = []
     for point in POINTS:
         kills.append(_kill_at(repo, point, ref))
+        print(f"killed {kills[-1].stage} ({point.mode}) inside {kills[-1].inside}: dvc.lock {kills[-1].lock_after}",
+              flush=True)
         assert _wait(lambda: not survivors(repo, kills[-1].pgid), 10), f"survived the kill: {survivors(repo, kills[-1].pgid)}"
     final = _finish(repo)
     chain_s = time.monotonic() - t0

@@ -343,3 +343,15 @@ def test_a_restored_lock_older_than_the_workspace_marks_nothing_done(project):
     assert (project / "b.txt").read_text() == "in, second version\na\nb\n"
     assert (project / "c.txt").read_text() == "in, second version\na\nb\nc\n"
     assert "up to date" in _dvc(project, "status").stdout
+
+
+def test_temp_files_of_a_killed_snapshot_are_swept(tmp_path):
+    keep = tmp_path / lg.KEEP_DIR
+    keep.mkdir()
+    old, new = keep / ".dvc.lock.good.abc.tmp", keep / ".dvc.lock.good.def.tmp"
+    old.write_text("half")
+    new.write_text("a live writer's")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    (tmp_path / "dvc.lock").write_text(SAMPLE)
+    assert lg.snapshot_lock(tmp_path)
+    assert not old.exists() and new.exists()
