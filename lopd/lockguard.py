@@ -21,7 +21,7 @@ later ``dvc repro`` / ``dvc status`` fails with "'./dvc.lock' validation failed"
 A lock is *complete* when it ends with a newline, parses as a YAML mapping with
 ``schema: '2.0'`` and a ``stages`` mapping, every stage has a ``cmd`` and every dependency
 and output a ``path`` and a hash, it passes DVC's own lock schema (where DVC is importable),
-and it is not a strict prefix of the last snapshot (a write cut at a line boundary).
+and it is not the last snapshot cut short inside a stage entry (a write cut at a line end).
 """
 
 from __future__ import annotations
@@ -101,6 +101,17 @@ def _dvc_schema_problem(text: str) -> str | None:
     return None
 
 
+def _cut_inside_an_entry(text: str, snapshot: str | None) -> bool:
+    """Whether ``text`` is ``snapshot`` cut short at a line end inside a stage entry.
+
+    A cut between two whole entries is left to DVC: that is also an older lock with fewer
+    stages (e.g. one checked out from git), and DVC reruns the stages it lacks."""
+    if snapshot is None or len(text) >= len(snapshot) or not snapshot.startswith(text):
+        return False
+    nxt = snapshot[len(text):].split("\n", 1)[0]
+    return not (nxt.startswith("  ") and not nxt.startswith("   ") and nxt.endswith(":"))
+
+
 def lock_problem(text: str, snapshot: str | None = None, *, use_dvc: bool = False) -> str | None:
     """Why ``text`` (the content of a ``dvc.lock``) is not complete, or ``None``.
 
@@ -119,8 +130,8 @@ def lock_problem(text: str, snapshot: str | None = None, *, use_dvc: bool = Fals
         return f"not valid YAML ({' '.join(str(e).split())})"
     if problem := structure_problem(data):
         return problem
-    if snapshot is not None and len(text) < len(snapshot) and snapshot.startswith(text):
-        return f"a strict prefix of the last complete lock ({len(text)} of {len(snapshot)} characters)"
+    if _cut_inside_an_entry(text, snapshot):
+        return f"cut inside a stage entry ({len(text)} characters, a prefix of the last complete lock)"
     return _dvc_schema_problem(text) if use_dvc else None
 
 
@@ -297,7 +308,7 @@ def _tidy_rwlock(path: Path, say) -> None:
         raise Busy(f"a live DVC process holds paths in {path} ({who})")
     if not infos:
         return
-    path.write_text("{}")
+    _atomic_write(path, b"{}")
     stale = "; ".join(sorted({f"pid {i['pid']} ({i.get('cmd')})" for _, _, i in infos}))
     say(f"cleared {len(infos)} stale entries from {path}, left by processes that are gone: {stale}")
 
@@ -343,9 +354,10 @@ def repair_lock(root: Path, say=_say) -> bool:
             snapshot_lock(root, stage="before dvc repro")
         return False
     keep = root / KEEP_DIR
-    what = f"{LOCK_NAME} is {st.problem}" if st.problem == "missing" else f"{LOCK_NAME} is damaged: {st.problem}"
-    say(f"{what} (most likely a process killed while DVC was rewriting it).")
-    if st.current is not None:
+    if st.current is None:
+        say(f"{LOCK_NAME} is missing, but an earlier run kept a complete copy of it.")
+    else:
+        say(f"{LOCK_NAME} is damaged: {st.problem} (most likely DVC was killed while rewriting it).")
         _atomic_write(keep / DAMAGED_NAME, st.current)
     snap_problem = "absent" if st.snapshot is None else lock_problem(st.snapshot.decode("utf-8", "replace"),
                                                                       use_dvc=True)
@@ -357,12 +369,13 @@ def repair_lock(root: Path, say=_say) -> bool:
         say("DVC checks every entry against the workspace: stages whose entries are missing or stale "
             "run again (or are restored from DVC's run-cache); no stage is taken as done unchecked.")
         return True
+    moved = ""
     if st.current is not None:
         (root / LOCK_NAME).unlink()
-    say(f"no complete snapshot to restore ({keep / SNAPSHOT_NAME}: {snap_problem}); moved the damaged file "
-        f"to {keep / DAMAGED_NAME}. DVC now treats every stage as not run: it reruns them, or restores "
-        "from its run-cache those it has results for.")
-    return True
+        moved = f"moved the damaged file to {keep / DAMAGED_NAME}. "
+    say(f"no complete snapshot to restore ({keep / SNAPSHOT_NAME}: {snap_problem}); {moved}DVC now treats "
+        "every stage as not run: it reruns them, or restores from its run-cache those it has results for.")
+    return st.current is not None
 
 
 def find_root(start: Path) -> Path | None:

@@ -130,11 +130,13 @@ class Point:
     stage: str      # a stage name or a prefix ("train@": the first train stage that runs)
     mode: str       # "mid": inside the stage's command; "lock": while DVC rewrites dvc.lock after it
     at: float = 0.4  # mid: fraction of the stage's reference duration; lock: seconds after the write starts
+    after_file: str | None = None  # mid: kill once this file exists instead ("{item}": the matrix item)
 
 
 POINTS = [Point("prepare", "mid", 0.5), Point("prepare", "lock", 0.0), Point("base", "mid", 0.3),
           Point("bank", "mid"), Point("bank", "lock", 0.05), Point("cold_start", "mid"), Point("hpo", "mid", 0.5),
-          Point("hpo", "lock", 0.2), Point("train@", "mid", 0.5), Point("train@", "lock", 0.0),
+          Point("hpo", "lock", 0.2), Point("train@lopd", "mid", 0.5, "checkpoints/{item}/meta.json"),
+          Point("train@lopd", "lock", 0.0),
           Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.1), Point("report", "mid", 0.5),
           Point("report", "lock", 0.0)]
 
@@ -159,9 +161,9 @@ def _wait(cond, timeout: float, poll: float = 0.05) -> bool:
     return cond()
 
 
-def _kill_mid(run: Run, i: int, name: str, delay: float) -> str:
+def _kill_mid(run: Run, i: int, delay: float, path: Path | None) -> str:
     ended = lambda: run.after(i, "Updating lock file") or run.after(i, "Running stage") or run.proc.poll() is not None  # noqa: E731
-    _wait(ended, delay)
+    _wait((lambda: ended() or path.exists()) if path else ended, 3600 if path else delay, poll=0.01)
     inside = "after the command (hashing/committing outputs)" if ended() else "the stage's command"
     run.kill()
     return inside
@@ -184,7 +186,9 @@ def _kill_at(repo: Path, point: Point, ref: Reference) -> Kill:
     assert run.proc.poll() is None, f"the repro ended before {point.stage} started:\n{run.text()[-3000:]}"
     i, k.stage = run.started(point.stage)
     if point.mode == "mid":
-        k.inside = _kill_mid(run, i, k.stage, point.at * ref.stage_seconds[k.stage])
+        item = k.stage.partition("@")[2]
+        path = repo / point.after_file.format(item=item) if point.after_file else None
+        k.inside = _kill_mid(run, i, point.at * ref.stage_seconds[k.stage], path)
     else:
         k.inside = _kill_lock(run, i, repo / "dvc.lock", point.at, 4 * ref.stage_seconds[k.stage] + 120)
     from lopd.lockguard import inspect_lock
@@ -322,7 +326,7 @@ def test_kill_anywhere_rerun_gives_the_same_bytes(smoke_reference, tmp_path):
     same, known, bad = compare_outputs(ref.repo, repo, ref.stages)
     _report(ref, kills, chain_s, same, known)
 
-    for name in ("prepare", "base", "bank", "cold_start", "hpo", "train@", "evaluate@", "report"):
+    for name in ("prepare", "base", "bank", "cold_start", "hpo", "train@lopd", "evaluate@", "report"):
         assert any(k.point.stage == name and k.inside == "the stage's command" for k in kills), f"no kill inside {name}"
     # what each kill left in dvc.lock is what the next guarded repro found and said
     said_next = [k.guard_said for k in kills[1:]] + [[ln for _, ln in final.lines if ln.startswith("lopd repro:")]]

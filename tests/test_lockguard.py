@@ -52,12 +52,27 @@ def test_a_lock_cut_mid_line_is_damaged_at_every_offset():
     assert all(lg.lock_problem(SAMPLE[:k]).startswith("cut mid-line") for k in cuts)
 
 
-def test_a_lock_cut_at_any_line_end_is_damaged_given_the_snapshot():
-    """A write cut at a line boundary can be valid YAML; it is a strict prefix of the last
-    complete lock, which is what the snapshot catches."""
+def _entry_heads(text: str) -> set[int]:
+    """Offsets where a stage entry starts (a line indented by exactly two spaces)."""
+    return {i + 1 for i, c in enumerate(text) if c == "\n" and text[i + 1:i + 3] == "  " and text[i + 3] != " "}
+
+
+def test_a_lock_cut_at_a_line_end_inside_an_entry_is_damaged_given_the_snapshot():
+    """A write cut at a line end can be valid YAML; the snapshot shows it is the last complete
+    lock cut short inside an entry."""
     line_ends = [i + 1 for i, c in enumerate(SAMPLE) if c == "\n"][:-1]
-    problems = [lg.lock_problem(SAMPLE[:k], snapshot=SAMPLE) for k in line_ends]
-    assert all(problems), [k for k, p in zip(line_ends, problems) if not p]
+    inside = [k for k in line_ends if k not in _entry_heads(SAMPLE) and k > SAMPLE.index("stages:\n") + 8]
+    assert len(inside) > 50
+    problems = [lg.lock_problem(SAMPLE[:k], snapshot=SAMPLE) for k in inside]
+    assert all(problems), [k for k, p in zip(inside, problems) if not p]
+    assert sum("cut inside a stage entry" in p for p in problems) > 20  # the others miss a hash or cmd
+
+
+def test_an_older_lock_with_fewer_whole_stages_is_left_to_dvc():
+    """Cut between whole entries, as an older lock checked out from git would be: complete."""
+    heads = sorted(_entry_heads(SAMPLE))[1:]
+    assert len(heads) == 2
+    assert all(lg.lock_problem(SAMPLE[:k], snapshot=SAMPLE) is None for k in heads)
 
 
 @pytest.mark.parametrize("cut_after, expected", [
@@ -105,7 +120,7 @@ def test_snapshot_copies_only_a_complete_lock(tmp_path):
     assert _keep(tmp_path).read_text() == SAMPLE
     meta = json.loads((tmp_path / lg.KEEP_DIR / lg.META_NAME).read_text())
     assert meta["stage"] == "base"
-    for torn in ("", SAMPLE[:-7], SAMPLE[: SAMPLE.index("  base:\n")]):
+    for torn in ("", SAMPLE[:-7], SAMPLE[: SAMPLE.rindex("      size:", 0, SAMPLE.index("  base:\n"))]):
         (tmp_path / "dvc.lock").write_text(torn)
         assert not lg.snapshot_lock(tmp_path)
         assert _keep(tmp_path).read_text() == SAMPLE, "a torn lock replaced the snapshot"
@@ -133,7 +148,7 @@ def _repair(root: Path) -> tuple[bool, str]:
 @pytest.mark.parametrize("torn, reason", [
     (SAMPLE[: len(SAMPLE) // 2], "cut mid-line"),             # half-written, cut mid-line
     ("", "empty"),                                             # truncated to 0 bytes
-    (SAMPLE[: SAMPLE.index("  bank:\n")], "strict prefix"),    # truncated at an entry boundary
+    (SAMPLE[: SAMPLE.rindex("      size:", 0, SAMPLE.index("  bank:\n"))], "cut inside a stage entry"),
     (None, "missing"),
 ])
 def test_a_torn_lock_is_restored_from_the_snapshot(tmp_path, torn, reason):
