@@ -25,7 +25,7 @@ setup: $(BIN)/.installed
 # Runs the whole pipeline on the default profile (params.yaml).
 repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--seed", type=int, required=True)
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
+    r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
+                                     "complete snapshot) and clearing stale DVC locks")
+    r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
     a = sub.add_parser("apply-profile", help="write params merged with a profile to a file")
     a.add_argument("profile_file")
     a.add_argument("--out", default="params.yaml")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if warm.wanted(argv):
         args = sys.argv[1:]
         ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
-        if ns.cmd not in ("validate", "apply-profile"):
+        if ns.cmd not in ("validate", "apply-profile", "repro"):
             rc = warm.run_client(args)
             if rc != -1:
                 return rc
@@ -123,12 +126,19 @@ def _dispatch(args) -> int:
 
     if args.cmd == "apply-profile":
         return _apply_profile(args)
+    if args.cmd == "repro":
+        from lopd.lockguard import guarded_repro
+
+        return guarded_repro(args.dvc_args)
     params = load_params(args.params, args.profile)
     if args.cmd == "validate":
         print("params OK")
         return 0
     paths = Paths.for_params(args.params)
     stage = importlib.import_module(f"lopd.pipeline.{args.cmd.replace('-', '_')}")
+    from lopd.lockguard import snapshot_for_stage
+
+    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
     with _timed(paths, args.cmd):
         _run_stage(stage, params, paths, args)
     return 0
