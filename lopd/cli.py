@@ -50,8 +50,6 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("apply-profile", help="write params merged with a profile to a file")
     a.add_argument("profile_file")
     a.add_argument("--out", default="params.yaml")
-    m = sub.add_parser("mlflow-server", help="start an MLflow server on 127.0.0.1 (SQLite backend)")
-    m.add_argument("--port", type=int, default=5000)
     return p
 
 
@@ -67,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as e:
         print(f"run failed: {e}", file=sys.stderr)
         return 1
-
-
-TRACKED_COMMANDS = ("base", "cold-start", "train", "hpo", "sensitivity", "report")
 
 
 def _dispatch(args) -> int:
@@ -91,10 +86,6 @@ def _dispatch(args) -> int:
     if args.cmd == "validate":
         print("params OK")
         return 0
-    if args.cmd in TRACKED_COMMANDS and os.environ.get("RANK", "0") == "0":
-        from lopd.tracking import start_sidecar
-
-        start_sidecar(params.tracking)  # imports MLflow on the other core while this stage loads torch
     from lopd import stages
 
     if args.cmd == "prepare":
@@ -117,10 +108,6 @@ def _dispatch(args) -> int:
         stages.stage_sensitivity(params)
     elif args.cmd == "report":
         stages.stage_report(params)
-    elif args.cmd == "mlflow-server":
-        from lopd.tracking_server import serve
-
-        serve(args.port)
     return 0
 
 

@@ -44,9 +44,9 @@ def stage_base(params: Params) -> dict:
     train, val = reader.load("train"), reader.load("val")
     envs = make_envs(params)
     out_dir = BASE_DIR
-    tracker = Tracker(params.tracking, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
-                                                "params_hash": params.section_hash("model", "envs", "base"),
-                                                "bank_mode": "none"})
+    tracker = Tracker(params, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
+                                       "params_hash": params.section_hash("model", "envs", "base"),
+                                       "bank_mode": "none"})
     t0 = time.time()
     device = resolve_device(params.model)
     result: dict = {"stage": "base", "seed": bp.seed}
@@ -179,9 +179,9 @@ def stage_cold_start(params: Params) -> dict:
     bb = _load_bb(params)
     bank = ExperienceBank.load(BANK_DIR)
     emb = _embeddings(params, bb, [_experience_task(e) for e in bank.entries])
-    tracker = Tracker(params.tracking, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
-                                                      "split": "train", "bank_mode": "relevant",
-                                                      "params_hash": params.section_hash("model", "bank", "cold_start")})
+    tracker = Tracker(params, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
+                                             "split": "train", "bank_mode": "relevant",
+                                             "params_hash": params.section_hash("model", "bank", "cold_start")})
     k_choices = sorted(set(params.hpo.k_choices) | {params.train.K})
     with progress() as prog:
         task = prog.add_task("composer cold start", total=cp.steps, info="")
@@ -264,7 +264,7 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
                 **(tags or {})}
     if stale:
         all_tags["resumed_from_run"] = stale
-    tracker = Tracker(params.tracking, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
+    tracker = Tracker(params, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
     if rid is not None and tracker.run_id and is_main:
         rid.write_text(tracker.run_id)
     tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
@@ -390,6 +390,7 @@ def stage_probe(params: Params) -> dict:
     from lopd.cold_start import privilege_probe
     from lopd.model.composer import Composer
     from lopd.rollout import rollout_batch
+    from lopd.tracking import Tracker
 
     res = load_resources(params, role="probe")
     comp = Composer(res.bb, res.k_max)
@@ -403,6 +404,12 @@ def stage_probe(params: Params) -> dict:
     out = privilege_probe(res.bb, comp, res.bank, rolls, res.task_emb, K=params.train.K, n_ret=params.train.n_ret,
                           seeds=[0, 1, 2])
     out["splits_read"] = list(data_mod.ACCESS_LOG)
+    tracker = Tracker(params, "probe", {"stage": "probe", "arm": "base", "seed": 0, "split": "val",
+                                        "bank_mode": "relevant", "params_hash": params.section_hash("train")})
+    tracker.log_metrics({f"{mode}_{k}": v for mode, d in out.get("by_mode", {}).items() for k, v in d.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)}, 0)
+    tracker.end()
+    out.update(mlflow_run_id=tracker.run_id, tracking=tracker.status)
     write_json(Path("results/probe/result.json"), out)
     print("privilege probe (mean δ on successful val trajectories):",
           {k: round(v["mean_delta"], 4) for k, v in out.get("by_mode", {}).items()})
@@ -415,7 +422,7 @@ def stage_hpo(params: Params, worker: bool = False, storage: str | None = None, 
 
     res = load_resources(params, role="hpo")
     storage = storage or str(HPO_DIR / "journal.log")
-    tracker = Tracker(params.tracking, "hpo" + ("-worker" if worker else ""),
+    tracker = Tracker(params, "hpo" + ("-worker" if worker else ""),
                       {"stage": "hpo", "arm": "lopd", "seed": params.hpo.seed, "split": "val", "bank_mode": "relevant",
                        "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train", "hpo")})
     try:
@@ -468,9 +475,12 @@ def stage_sensitivity(params: Params) -> dict:
 
 def stage_report(params: Params) -> dict:
     from lopd.report import build_report
+    from lopd.tracking import log_report_artifacts
 
     summary = build_report(params, Path("."))
     mirror_test_results(params)
+    out = Path("reports")  # the experiment's parent MLflow run carries the report
+    log_report_artifacts(params, sorted([*out.glob("*.md"), *out.glob("*.json"), *(out / "figures").glob("*.png")]))
     print("report written to reports/")
     return summary
 
@@ -484,7 +494,7 @@ def mirror_test_results(params: Params) -> int:
     n = 0
     for path in sorted(EVAL_DIR.glob("*/result.json")):
         r = json.loads(path.read_text())
-        tr = Tracker(params.tracking, f"eval-{r['arm']}-{r['seed']}",
+        tr = Tracker(params, f"eval-{r['arm']}-{r['seed']}",
                      {"stage": "evaluate", "arm": r["arm"], "seed": r["seed"], "split": "test", "bank_mode": "none",
                       "params_hash": params.section_hash()})
         if not tr.ok:
