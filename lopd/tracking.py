@@ -87,15 +87,28 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
+    # the store object stays (its queue idle, its pool empty, its compiled queries cached): a forked
+    # stage skips re-opening it; the commit is read again (a worker may outlive a commit)
     _COMMIT.clear()
-    _PARENTS.clear()
-    if _USED_URIS and "mlflow" in sys.modules:  # a fresh store object: its own async queue and threads
-        from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
-
-        TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def preload(params) -> None:
+    """Import MLflow's store code, open the store and find (or create) the experiment's parent run,
+    in this process: for a worker that forks one process per stage, so that each stage skips that
+    start-up (``bench/mlflow_overhead.py`` measures it).
+
+    Safe to fork afterwards (see ``_before_fork``). A store that cannot be reached is left to the
+    stages' own trackers, which report it under ``tracking.on_failure``.
+    """
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - the slow import, once
+
+    try:
+        experiment_parent_id(params)
+    except Exception:  # noqa: BLE001 - reported by each stage's Tracker (warn or fail)
+        pass
 
 
 def _lock_contention(e: BaseException) -> bool:
@@ -199,6 +212,17 @@ def experiment_parent_id(params, client=None) -> str:
                     _retry(client.log_batch, run_id, params=flat[i:i + 100], synchronous=True)
         _PARENTS[(tp.uri, tp.experiment, key)] = run_id
     return _PARENTS[(tp.uri, tp.experiment, key)]
+
+
+def _end_run(uri: str, run_id: str, status: str) -> None:
+    """Set a run's status and end time. Not ``MlflowClient.set_terminated``: that also shuts down the
+    process's whole async-logging queue, whose thread join costs up to 1 s per run (measured); the
+    caller has already waited for its own writes."""
+    from mlflow.entities import RunStatus
+    from mlflow.tracking._tracking_service.utils import _get_store
+
+    _retry(_get_store(uri).update_run_info, run_id, run_status=RunStatus.from_string(status),
+           end_time=int(time.time() * 1000), run_name=None)
 
 
 def _message(e: BaseException) -> str:
@@ -335,7 +359,7 @@ class Tracker:
         if self.ok:
             try:
                 self._check_pending()
-                _retry(self.client.set_terminated, self.run_id, status)
+                _end_run(self.tp.uri, self.run_id, status)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
 
@@ -356,7 +380,7 @@ def log_report_artifacts(params, paths) -> str:
         for p in map(Path, paths):
             where = str(p.parent) if not p.is_absolute() and str(p.parent) != "." else None
             _retry(client.log_artifact, parent, str(p), where)
-        _retry(client.set_terminated, parent, "FINISHED")
+        _end_run(tp.uri, parent, "FINISHED")
     except Exception as e:  # noqa: BLE001 - reported, never hidden
         msg = _message(e)
         _handle_failure(tp, msg, first=True)
@@ -369,7 +393,7 @@ def mark_stale_run(tp, run_id: str) -> bool:
     try:
         client = _client(tp.uri)
         if client.get_run(run_id).info.status == "RUNNING":
-            _retry(client.set_terminated, run_id, "KILLED")
+            _end_run(tp.uri, run_id, "KILLED")
             return True
         return False
     except Exception:  # noqa: BLE001 - best effort; the new run still links to it by tag

@@ -126,6 +126,7 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
             assert r.data.tags.get(tag), (r.info.run_name, tag)
     assert len(runs) == 1 + 3 + 1 + 2 + 2 + 1
     assert runs[killed.run_id].info.status == "KILLED" and runs[resumed.run_id].info.status == "FINISHED"
+    assert all(r.info.end_time and r.info.end_time >= r.info.start_time for r in runs.values())
 
     c = MlflowClient(tracking_uri=params.tracking.uri)
     hist = sorted((m.step, round(m.value, 6)) for m in c.get_metric_history(resumed.run_id, "reward"))
@@ -194,6 +195,28 @@ def test_concurrent_processes_create_one_parent(make_params):
     assert len(parents) == 1, [(r.info.run_id, r.info.start_time) for r in parents]
     assert {runs[rid].data.tags["mlflow.parentRunId"] for rid, _ in results} == {parents[0].info.run_id}
     assert all(runs[rid].info.status == "FINISHED" and runs[rid].data.metrics == {"x": 1.0} for rid, _ in results)
+
+
+def test_stages_forked_from_a_preloaded_worker(make_params):
+    """The warm worker's pattern: preload once (store open, parent found), fork one process per stage."""
+    from lopd.tracking import EXPERIMENT_KEY_TAG, experiment_parent_id, preload
+
+    params = make_params()
+    preload(params)
+    parent = experiment_parent_id(params)
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(1), ctx.Queue()
+    for _ in range(2):  # one after the other, as dvc runs stages
+        p = ctx.Process(target=_start_same_experiment, args=(params, barrier, queue))
+        p.start()
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    results = [queue.get(timeout=10) for _ in range(2)]
+    runs = {r.info.run_id: r for r in _runs(params)}
+    assert [r.info.run_id for r in runs.values() if EXPERIMENT_KEY_TAG in r.data.tags] == [parent]
+    for rid, err in results:
+        assert err is None and runs[rid].data.tags["mlflow.parentRunId"] == parent
+        assert runs[rid].info.status == "FINISHED" and runs[rid].data.metrics == {"x": 1.0}
 
 
 def _run_until_killed(params, queue) -> None:
