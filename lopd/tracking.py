@@ -20,6 +20,11 @@ Metrics are buffered and sent with ``log_batch`` (one store write per flush, not
 with ``tracking.async_logging`` MLflow's own background queue writes them (``synchronous=False``)
 and their outcome is collected at the next flush and at :meth:`Tracker.end`.
 
+A worker that forks one process per stage calls :func:`preload` once: the children then skip
+importing MLflow's store code, opening the store and finding the parent. Forking is safe at any
+time: before a fork this process's MLflow writer threads are drained and stopped and its pooled
+SQLite connections closed (SQLite connections must not cross a fork).
+
 If the tracking URI is unreachable: with ``tracking.on_failure: warn`` (default) the run goes on,
 prints one clear warning and records ``"tracking": "failed: <cause>"`` in its ``result.json``;
 with ``fail`` the stage stops with exit status 2 (``BadInput``).
