@@ -58,6 +58,33 @@ def _runs(params) -> list:
     return list(c.search_runs([exp.experiment_id], max_results=1000))
 
 
+def assert_one_tree(uri: str, experiment: str, report_artifacts: list[str]) -> dict:
+    """Every run of ``experiment`` descends from one experiment parent (tag lopd.experiment_key),
+    and that parent holds ``report_artifacts``. Returns the runs by id (for the end-to-end test too)."""
+    from mlflow import MlflowClient
+
+    from lopd.tracking import EXPERIMENT_KEY_TAG
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    runs = {r.info.run_id: r for r in c.search_runs([exp.experiment_id], max_results=10_000)}
+    parents = [rid for rid, r in runs.items() if EXPERIMENT_KEY_TAG in r.data.tags]
+    assert len(parents) == 1, [runs[p].data.tags[EXPERIMENT_KEY_TAG] for p in parents]
+    for rid, r in runs.items():
+        seen = [rid]
+        while seen[-1] != parents[0]:
+            up = runs[seen[-1]].data.tags.get("mlflow.parentRunId")
+            assert up in runs and up not in seen, f"run {r.info.run_name} ({rid}): chain {seen} -> {up}"
+            seen.append(up)
+
+    def listing(path=None):
+        return [a for f in c.list_artifacts(parents[0], path) for a in (listing(f.path) if f.is_dir else [f.path])]
+
+    missing = sorted(set(report_artifacts) - set(listing()))
+    assert not missing, f"experiment parent lacks {missing}"
+    return runs
+
+
 def _stage(params, name: str, tags: dict, parent_run_id: str | None = None, steps: int = 3):
     from lopd.tracking import Tracker
 
@@ -70,6 +97,9 @@ def _stage(params, name: str, tags: dict, parent_run_id: str | None = None, step
     return tr
 
 
+_REPORT = ["reports/main_table.md", "reports/metrics.json", "reports/figures/learning_curves.png"]
+
+
 def _report_files() -> list[str]:
     from pathlib import Path
 
@@ -77,7 +107,7 @@ def _report_files() -> list[str]:
     Path("reports/main_table.md").write_text("| arm | reward |\n")
     Path("reports/metrics.json").write_text('{"lopd": 0.5}\n')
     Path("reports/figures/learning_curves.png").write_bytes(b"\x89PNG fake")
-    return ["reports/main_table.md", "reports/metrics.json", "reports/figures/learning_curves.png"]
+    return list(_REPORT)
 
 
 @pytest.mark.parametrize("async_logging", [True, False])
@@ -87,12 +117,9 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
     from lopd.tracking import EXPERIMENT_KEY_TAG, experiment_key, log_report_artifacts, mark_stale_run
 
     params = make_params(async_logging=async_logging)
-    ids = {}
     for stage in ("base", "cold_start", "probe"):
         _new_process()
-        tr = _stage(params, stage, {"stage": stage})
-        tr.end()
-        ids[stage] = tr.run_id
+        _stage(params, stage, {"stage": stage}).end()
     _new_process()
     hpo = _stage(params, "hpo", {"stage": "hpo", "split": "val"})
     trials = [_stage(params, f"trial-{i}", {"stage": "hpo_trial"}, parent_run_id=hpo.run_id) for i in range(2)]
@@ -110,10 +137,8 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
     _new_process()
     assert log_report_artifacts(params, _report_files()) == "ok"
 
-    runs = {r.info.run_id: r for r in _runs(params)}
-    parents = [r for r in runs.values() if EXPERIMENT_KEY_TAG in r.data.tags]
-    assert len(parents) == 1
-    parent = parents[0]
+    runs = assert_one_tree(params.tracking.uri, params.tracking.experiment, _REPORT)
+    parent = next(r for r in runs.values() if EXPERIMENT_KEY_TAG in r.data.tags)
     assert parent.data.tags[EXPERIMENT_KEY_TAG] == experiment_key(params)
     assert parent.info.status == "FINISHED"
     assert parent.data.params["train.lr_student"] == str(params.train.lr_student)  # the whole params
@@ -141,6 +166,23 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
     local = c.download_artifacts(parent.info.run_id, "reports/metrics.json", ".")
     assert open(local).read() == '{"lopd": 0.5}\n'
     assert os.path.realpath(parent.info.artifact_uri.removeprefix("file://")).startswith(os.path.realpath("mlartifacts"))
+
+
+def test_tree_check_catches_an_orphan_and_a_missing_report(make_params):
+    from mlflow import MlflowClient
+
+    from lopd.tracking import log_report_artifacts
+
+    params = make_params()
+    _stage(params, "lopd-0", {"stage": "train"}).end()
+    with pytest.raises(AssertionError, match="lacks"):
+        assert_one_tree(params.tracking.uri, params.tracking.experiment, _REPORT)
+    log_report_artifacts(params, _report_files())
+    assert_one_tree(params.tracking.uri, params.tracking.experiment, _REPORT)
+    c = MlflowClient(tracking_uri=params.tracking.uri)
+    c.create_run(c.get_experiment_by_name(params.tracking.experiment).experiment_id, run_name="stray")
+    with pytest.raises(AssertionError, match="stray"):
+        assert_one_tree(params.tracking.uri, params.tracking.experiment, _REPORT)
 
 
 def test_other_params_make_another_parent(make_params):
