@@ -344,19 +344,18 @@ class Tracker:
         except Exception as e:  # noqa: BLE001
             self._fail(e)
 
-    def set_tag(self, key: str, value: Any) -> None:
+    def _guarded(self, call) -> None:
         if self.ok:
             try:
-                _retry(self.client.set_tag, self.run_id, key, str(value))
+                _retry(call)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
 
+    def set_tag(self, key: str, value: Any) -> None:
+        self._guarded(lambda: self.client.set_tag(self.run_id, key, str(value)))
+
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
-        if self.ok:
-            try:
-                _retry(self.client.log_artifact, self.run_id, str(path), artifact_path)
-            except Exception as e:  # noqa: BLE001
-                self._fail(e)
+        self._guarded(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
 
     def end(self, status: str = "FINISHED") -> None:
         """Flush, wait for every asynchronous write (reporting its failure), and end the run."""
