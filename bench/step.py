@@ -45,7 +45,7 @@ def timing(repeats: int) -> None:
     p = params()
     res = stages.load_resources(p, role="train")
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
-    tracker = Tracker(p.tracking, "bench-step", {"stage": "bench"})
+    tracker = Tracker(p, "bench-step", {"stage": "bench"})
     tr = Trainer(res, ARMS["lopd"], hp, seed=0, tracker=tracker)
     tr.prime_c0(res.train_tasks)
     bb = res.bb

@@ -117,6 +117,7 @@ class TrackingParams(_Section):
     uri: str = "sqlite:///mlflow.db"
     experiment: str = "lopd"
     on_failure: Literal["warn", "fail"] = "warn"
+    async_logging: bool = True
 
 
 class BaseParams(_Section):

@@ -320,12 +320,12 @@ def fast_mlflow(monkeypatch):
 
 
 def test_unreachable_tracking_warns(fast_mlflow, capsys, tmp_path, monkeypatch):
-    from lopd.config import TrackingParams
+    from lopd.config import Params, TrackingParams
     from lopd.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     t0 = time.time()
-    tr = Tracker(TrackingParams(uri="http://127.0.0.1:9", on_failure="warn"), "run", {"stage": "test"})
+    tr = Tracker(Params(tracking=TrackingParams(uri="http://127.0.0.1:9", on_failure="warn")), "run", {"stage": "test"})
     assert time.time() - t0 < 15
     assert tr.ok is False and tr.run_id is None
     assert tr.status.startswith("failed")
@@ -342,19 +342,19 @@ def test_unreachable_tracking_warns(fast_mlflow, capsys, tmp_path, monkeypatch):
 
 
 def test_unreachable_tracking_fails(fast_mlflow):
-    from lopd.config import TrackingParams
+    from lopd.config import Params, TrackingParams
     from lopd.tracking import Tracker
 
     with pytest.raises(BadInput, match="on_failure") as ei:
-        Tracker(TrackingParams(uri="http://127.0.0.1:9", on_failure="fail"), "run", {"stage": "test"})
+        Tracker(Params(tracking=TrackingParams(uri="http://127.0.0.1:9", on_failure="fail")), "run", {"stage": "test"})
     assert "127.0.0.1:9" in str(ei.value)
 
 
 def test_disabled_tracker():
-    from lopd.config import TrackingParams
+    from lopd.config import Params, TrackingParams
     from lopd.tracking import Tracker
 
-    tr = Tracker(TrackingParams(on_failure="fail"), "run", {}, enabled=False)
+    tr = Tracker(Params(tracking=TrackingParams(on_failure="fail")), "run", {}, enabled=False)
     assert not tr.ok and tr.status == "failed: disabled (not rank 0)"
     tr.log_metrics({"x": 1.0}, 0)
     tr.end()

@@ -62,7 +62,7 @@ def run(params: Params, paths: Paths) -> dict:
     reader = data_mod.SplitReader(paths.splits, role="base")
     train, val = reader.load("train"), reader.load("val")
     envs = make_envs(params)
-    tracker = Tracker(params.tracking, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
+    tracker = Tracker(params, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
                                                 "params_hash": params.section_hash("model", "envs", "base"),
                                                 "bank_mode": "none"})
     t0 = time.time()

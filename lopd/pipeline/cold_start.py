@@ -21,7 +21,7 @@ def run(params: Params, paths: Paths) -> dict:
     bb = load_backbone(params, paths)
     bank = ExperienceBank.load(paths.bank)
     emb = task_embeddings(params, bb, [experience_task(e) for e in bank.entries])
-    tracker = Tracker(params.tracking, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
+    tracker = Tracker(params, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
                                                       "split": "train", "bank_mode": "relevant",
                                                       "params_hash": params.section_hash("model", "bank", "cold_start")})
     k_choices = sorted(set(params.hpo.k_choices) | {params.train.K})

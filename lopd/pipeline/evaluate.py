@@ -7,7 +7,7 @@ from lopd import data as data_mod
 from lopd.config import Params
 from lopd.errors import BadInput
 from lopd.paths import Paths
-from lopd.pipeline.common import splits_read
+from lopd.pipeline.common import splits_read, write_side
 from lopd.utils import write_json
 
 
@@ -17,6 +17,18 @@ def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
     ev = params.evaluate
     return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
                            batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed)
+
+
+def _track(params: Params, paths: Paths, arm: str, seed: int, result: dict) -> None:
+    """The evaluation's MLflow run, nested under the experiment's parent (ids go to a side file)."""
+    from lopd.tracking import Tracker
+
+    tr = Tracker(params, f"eval-{arm}-{seed}", {"stage": "evaluate", "arm": arm, "seed": seed, "split": "test",
+                                                "bank_mode": "none", "params_hash": params.section_hash()})
+    tr.log_metrics({"test_reward": result["test_reward"],
+                    **{f"test_reward_{d}": v for d, v in result["test_reward_by_domain"].items()}}, 0)
+    tr.end()
+    write_side(paths, f"evaluate@{arm}-{seed}", {"mlflow_run_id": tr.run_id, "tracking": tr.status})
 
 
 def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
@@ -46,5 +58,6 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
     result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
               "benchmarks": benchmarks, "n_tasks": len(test), "splits_read": splits_read()}
     write_json(out / "result.json", result)
+    _track(params, paths, arm, seed, result)
     print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
     return result

@@ -16,7 +16,7 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
 
     res = load_resources(params, paths, role="hpo")
     storage = storage or str(paths.hpo / "journal.log")
-    tracker = Tracker(params.tracking, "hpo" + ("-worker" if worker else ""),
+    tracker = Tracker(params, "hpo" + ("-worker" if worker else ""),
                       {"stage": "hpo", "arm": "lopd", "seed": params.hpo.seed, "split": "val", "bank_mode": "relevant",
                        "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train", "hpo")})
     t0 = time.time()

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import load_resources, splits_read
+from lopd.pipeline.common import load_resources, splits_read, write_side
 from lopd.utils import write_json
+
+
+def _track(params: Params, paths: Paths, out: dict) -> None:
+    from lopd.tracking import Tracker
+
+    tracker = Tracker(params, "probe", {"stage": "probe", "arm": "base", "seed": 0, "split": "val",
+                                        "bank_mode": "relevant", "params_hash": params.section_hash("train")})
+    tracker.log_metrics({f"{mode}_{k}": v for mode, d in out.get("by_mode", {}).items() for k, v in d.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)}, 0)
+    tracker.end()
+    write_side(paths, "probe", {"mlflow_run_id": tracker.run_id, "tracking": tracker.status})
 
 
 def run(params: Params, paths: Paths) -> dict:
@@ -29,6 +40,7 @@ def run(params: Params, paths: Paths) -> dict:
     out = privilege_probe(res.bb, comp, res.bank, rolls, res.task_emb, K=params.train.K, n_ret=params.train.n_ret,
                           seeds=[0, 1, 2])
     out["splits_read"] = splits_read()
+    _track(params, paths, out)
     write_json(paths.results / "probe" / "result.json", out)
     print("privilege probe (mean δ on successful val trajectories):",
           {k: round(v["mean_delta"], 4) for k, v in out.get("by_mode", {}).items()})

@@ -45,7 +45,7 @@ def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, pare
                 **(tags or {})}
     if stale:
         all_tags["resumed_from_run"] = stale
-    tracker = Tracker(params.tracking, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
+    tracker = Tracker(params, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
     if rid is not None and tracker.run_id and is_main:
         rid.write_text(tracker.run_id)
     return tracker, rid, stale, all_tags["params_hash"]
