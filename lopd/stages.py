@@ -361,7 +361,7 @@ def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
     ev = params.evaluate
     res = evaluate_policy(model, fmt, make_envs(params), test, max_new_tokens=ev.max_new_tokens,
                           max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
-                          temperature=ev.temperature, seed=20_000 + seed)
+                          temperature=ev.temperature, seed=20_000 + seed, samples_per_task=ev.samples_per_task)
     benchmarks = {}
     for dom in params.envs.eval_domains:  # real benchmark data, evaluation only
         from lopd.envs import make_env
@@ -370,13 +370,14 @@ def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
         tasks = env.generate(params.envs.seed, params.envs.n_test)
         b = evaluate_policy(model, fmt, {dom: env}, tasks, max_new_tokens=ev.max_new_tokens,
                             max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
-                            temperature=ev.temperature, seed=20_000 + seed)
+                            temperature=ev.temperature, seed=20_000 + seed, samples_per_task=ev.samples_per_task)
         benchmarks[dom] = b["mean"]
         res["per_task"] += b["per_task"]
     out = EVAL_DIR / f"{arm}-{seed}"
     write_json(out / "per_task.json", res["per_task"])
     result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
-              "benchmarks": benchmarks, "n_tasks": len(test), "splits_read": list(data_mod.ACCESS_LOG)}
+              "benchmarks": benchmarks, "n_tasks": len(test),
+              "samples_per_task": res["samples_per_task"], "splits_read": list(data_mod.ACCESS_LOG)}
     write_json(out / "result.json", result)
     print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
     return result
