@@ -31,6 +31,7 @@ class RaggedKVCache(Cache):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._slots: torch.Tensor | None = None  # (rows, L) slot of each chunk column
+        self._rows: torch.Tensor | None = None  # (rows, L) row index of each chunk column
         self._n_new: torch.Tensor | None = None
         self._width = 0
 
@@ -54,6 +55,7 @@ class RaggedKVCache(Cache):
         # real query at position p: slots 1..p+1; padding query: the scratch slot only (keeps it finite)
         mask = torch.where(real[:, :, None], (key >= 1) & (key <= slots[:, :, None]), key == 0)
         self._slots, self._n_new, self._width = slots, n_new, w
+        self._rows = torch.arange(self.n_rows, device=self.device)[:, None].expand_as(slots)
         return pos, mask[:, None]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -66,10 +68,9 @@ class RaggedKVCache(Cache):
             self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=self.device))
             self.values.append(torch.zeros(shape[:-1] + (value_states.shape[-1],), dtype=value_states.dtype,
                                            device=self.device))
-        rows = torch.arange(self.n_rows, device=self.device)[:, None].expand_as(self._slots)
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[rows, :, self._slots] = key_states.transpose(1, 2).to(k.dtype)
-        v[rows, :, self._slots] = value_states.transpose(1, 2).to(v.dtype)
+        k[self._rows, :, self._slots] = key_states.transpose(1, 2).to(k.dtype)
+        v[self._rows, :, self._slots] = value_states.transpose(1, 2).to(v.dtype)
         return k[:, :, : self._width], v[:, :, : self._width]
 
     def commit(self) -> None:

@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 import torch
 
 from lopd.envs.base import Episode, Task
+from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
 from lopd.sampling import choose_tokens, seeds_from_generator
 
+ENGINES = ("auto", "hf")
 SCORING_WORKERS = 4  # episodes scored concurrently (each sandboxed program is its own process)
 
 
@@ -109,25 +111,28 @@ def _append_forced(row: _Row, fmt: ChatFormat, max_len: int, max_new_tokens: int
     return False
 
 
-def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device,
-             cache_kw: str) -> torch.Tensor:
+def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device, cache_kw: str,
+             fast: FastDecoder | None) -> torch.Tensor:
     """Logits (B, V) at the last token of each row's chunk (left-padded into one batch)."""
     width = max(len(c) for c in chunks)
     ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in chunks], dtype=torch.long, device=device)
     n_new = torch.tensor([len(c) for c in chunks], dtype=torch.long, device=device)
     pos, mask = cache.plan(n_new, width) if cache is not None else full_sequence_plan(n_new, width)
-    kw = {cache_kw: cache} if cache is not None else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
-                logits_to_keep=1, **kw)
+    if fast is not None:
+        logits = fast(ids, pos, mask, cache)
+    else:
+        kw = {cache_kw: cache} if cache is not None else {}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
+                       logits_to_keep=1, **kw).logits[:, -1, :]
     if cache is not None:
         cache.commit()
-    return out.logits[:, -1, :].float()
+    return logits.float()
 
 
 @torch.inference_mode()
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
-                  use_cache: bool = True, seeds: list[int] | None = None) -> list[Rollout]:
+                  use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto") -> list[Rollout]:
     """Roll the policy ``model`` out on ``tasks`` (one episode each, at most ``max_len`` tokens,
     at most ``max_new_tokens`` policy tokens per turn).
 
@@ -136,7 +141,11 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     (``greedy=False``) draws row ``i``'s token at position ``p`` from ``softmax(logits / T)``
     with random numbers keyed by ``(seeds[i], p)`` only; without ``seeds`` the row seeds are
     drawn from ``generator``. ``use_cache=False`` recomputes whole sequences every step.
+    ``engine``: ``"auto"`` runs the lean :class:`~lopd.fast_decoder.FastDecoder` forward where
+    it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")
     if not tasks:
         return []
     if seeds is not None and len(seeds) != len(tasks):
@@ -148,14 +157,14 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool:
         scores: dict[int, Future] = {}
         _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,
-                temperature=temperature, use_cache=use_cache)
+                temperature=temperature, use_cache=use_cache, engine=engine)
         rewards = [float(scores[i].result()) for i in range(len(rows))]
     return [Rollout(task=r.task, messages=r.msgs, ids=r.seq, gen_mask=r.gmask, reward=rewards[i],
                     n_generated=r.n_gen, finished=r.done) for i, r in enumerate(rows)]
 
 
 def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: ThreadPoolExecutor, *, max_new_tokens: int,
-            max_len: int, greedy: bool, temperature: float, use_cache: bool) -> None:
+            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str) -> None:
     """Run every row to its end; a row that finishes is scored in ``pool`` (``scores[i]``)."""
     device = next(model.parameters()).device
 
@@ -169,9 +178,10 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
     cache = RaggedKVCache(len(live), max_len, device) if use_cache and live else None
     seed_of = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
     cache_kw = _cache_kw(model)
+    fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
-        logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw)
+        logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
         at = torch.tensor(live, dtype=torch.long, device=device)
         positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
         tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, seeds=seed_of[at],

@@ -3,15 +3,15 @@
 A token is drawn by the Gumbel-max trick, ``argmax_v (logits_v / T + g_v)`` with
 ``g_v = -log(-log(u_v))``, which samples exactly from ``softmax(logits / T)``. The uniform
 ``u_v`` is not taken from a stateful generator but *computed* from the key
-``(row seed, position, v)`` by a 32-bit integer hash (murmur3's finaliser, applied as a
-sponge over the key words). Hence the draw of a row at a position does not depend on
-which other rows share the batch, in what order, or which of them already finished: this
-is what makes common random numbers possible (the same task and sample index see the same
-random numbers in every arm).
+``(row seed, position, v)`` by a 32-bit integer hash (:func:`mix32`, absorbing one key word
+per round). Hence the draw of a row at a position does not depend on which other rows share
+the batch, in what order, or which of them already finished: this is what makes common
+random numbers possible (the same task and sample index see the same random numbers in
+every arm).
 
-Every integer operation runs on int64 tensors holding values in ``[0, 2**32)``; the only
-multiplication, ``(a * c) mod 2**32``, is split into 16-bit halves of ``c`` so no product
-reaches ``2**63`` (no reliance on signed overflow).
+Every integer operation runs on int64 tensors holding values in ``[0, 2**32)``, and the
+hash's multiplier is below ``2**27``, so no product reaches ``2**63``: nothing relies on
+signed overflow, and CPU and GPU compute the same bits.
 """
 
 from __future__ import annotations
@@ -22,39 +22,42 @@ import json
 import torch
 
 _M32 = 0xFFFFFFFF
-_C1, _C2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3 fmix32 constants
-_GOLDEN = 0x9E3779B1  # 2**32 / golden ratio: spreads consecutive counters
+_MUL = 0x045D9F3B  # T. Mueller's 32-bit integer hash multiplier (< 2**27)
+_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: a fixed word folded into the vocabulary term
+_ROUND = (0x243F6A88, 0x85A308D3, 0x13198A2E)  # digits of pi: a distinct constant per absorbed word
 SEED_BITS = 63
+_VOCAB_TERMS: dict[tuple[int, str], torch.Tensor] = {}
 
 
-def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
-    """``(a * c) mod 2**32`` for ``a`` in ``[0, 2**32)`` and a constant ``c < 2**32``."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (a * lo + (((a * hi) & 0xFFFF) << 16)) & _M32
+def mix32(h: torch.Tensor) -> torch.Tensor:
+    """``x ← ((x >> 16) ^ x) · 0x45d9f3b mod 2**32`` twice, then ``x ← (x >> 16) ^ x``: a
+    bijection of ``[0, 2**32)`` with good avalanche (T. Mueller's integer hash)."""
+    h = (((h >> 16) ^ h) * _MUL) & _M32
+    h = (((h >> 16) ^ h) * _MUL) & _M32
+    return (h >> 16) ^ h
 
 
-def fmix32(h: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finaliser: a bijection of ``[0, 2**32)`` with full avalanche."""
-    h = h ^ (h >> 16)
-    h = _mul32(h, _C1)
-    h = h ^ (h >> 13)
-    h = _mul32(h, _C2)
-    return h ^ (h >> 16)
+def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
+    key = (vocab_size, str(device))
+    if key not in _VOCAB_TERMS:
+        v = torch.arange(vocab_size, dtype=torch.long, device=device)
+        _VOCAB_TERMS[key] = mix32(mix32(v) ^ _GOLDEN)
+    return _VOCAB_TERMS[key]
 
 
 def uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``u[i, v]`` in ``(0, 1)`` (float64) = hash(seeds[i], positions[i], v) / 2**32.
+    """``u[i, v]`` in ``(0, 1)`` (float64) = (hash(seeds[i], positions[i], v) + ½) / 2**32.
 
-    ``seeds``: (B,) int64 in ``[0, 2**63)``; ``positions``: (B,) int64 ≥ 0.
+    ``seeds``: (B,) int64 in ``[0, 2**63)``; ``positions``: (B,) int64 in ``[0, 2**32)``.
+    The row state absorbs the seed's two 32-bit words and the position, one hash round each;
+    the vocabulary index enters through a precomputed hashed term.
     """
     seeds = seeds.to(torch.long)
-    state = fmix32(seeds & _M32)
-    state = fmix32(state ^ ((seeds >> 32) & _M32))
-    state = fmix32(state ^ _mul32(positions.to(torch.long) & _M32, _GOLDEN))  # (B,)
-    v = torch.arange(vocab_size, device=seeds.device, dtype=torch.long)
-    h = fmix32(state[:, None] ^ _mul32(v, _GOLDEN)[None, :])
-    h = fmix32(h ^ fmix32(state ^ _C2)[:, None])
-    return (h.to(torch.float64) + 0.5) / 2.0**32
+    state = mix32((seeds & _M32) ^ _ROUND[0])
+    state = mix32(state ^ ((seeds >> 32) & _M32) ^ _ROUND[1])
+    state = mix32(state ^ (positions.to(torch.long) & _M32) ^ _ROUND[2])  # (B,)
+    h = mix32(state[:, None] ^ _vocab_term(vocab_size, seeds.device)[None, :])
+    return (h.to(torch.float64) + 0.5) * (1.0 / 2.0**32)
 
 
 def choose_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float, seeds: torch.Tensor | None = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.rollout import rollout_batch
 from tests import tiny_policy as tp
@@ -73,23 +74,21 @@ def test_without_cache_same_tokens():
     _assert_same(b, a)
 
 
-def _record_batches(model):
-    shapes: list[tuple[int, int]] = []
+def test_finished_rows_leave_the_batch_and_turns_prefill_in_one_forward(monkeypatch):
+    import lopd.rollout as engine
 
-    def hook(_module, _args, kwargs):
-        shapes.append(tuple(kwargs["input_ids"].shape))
-
-    return shapes, model.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def test_finished_rows_leave_the_batch_and_turns_prefill_in_one_forward():
     bb = tp.trained_backbone()
     tasks = tp.tasks(6, 4, seed=5)  # code episodes end after one turn, tool episodes go on
-    shapes, handle = _record_batches(bb.model)
-    try:
-        rolls = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=24, max_len=160, greedy=True)
-    finally:
-        handle.remove()
+    shapes: list[tuple[int, int]] = []  # (rows, width) of every forward pass
+    real_forward = engine._forward
+
+    def recording_forward(model, chunks, *args):
+        shapes.append((len(chunks), max(len(c) for c in chunks)))
+        return real_forward(model, chunks, *args)
+
+    monkeypatch.setattr(engine, "_forward", recording_forward)
+    rolls = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=24, max_len=160, greedy=True)
+    monkeypatch.undo()
     sampled = [sum(r.gen_mask) for r in rolls]  # tokens the policy chose (forced turn ends excluded)
     rows = [b for b, _ in shapes]
     # one forward per sampled token of the longest row; each live row samples exactly once per forward
@@ -154,3 +153,64 @@ def test_ragged_cache_logits_equal_unpadded_forward(arch):
             for i, s in enumerate(seqs):
                 plain = model(input_ids=torch.tensor([s[:fed[i]]]), use_cache=False).logits[0, -1]
                 torch.testing.assert_close(out[i, -1], plain, atol=1e-5, rtol=1e-5)
+
+
+def _lora_backbone(arch: str):
+    from lopd.model.backbone import Backbone
+
+    model, _ = tp.random_policy(arch)
+    torch.manual_seed(1)
+    bb = Backbone(model, tp.tokenizer(), tp.params(arch).model)
+    with torch.no_grad():
+        for prm in bb.adapter_params("student") + bb.adapter_params("composer"):
+            prm.normal_(0.0, 0.05)
+    bb.model.eval()
+    return bb
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("role", ["student", "composer", "teacher"])
+def test_fast_decoder_bitwise_equals_hf_forward(arch, role):
+    """The lean forward computes exactly the Hugging Face + peft forward (same bits), for
+    whichever adapter is active or with adapters disabled (the teacher)."""
+    bb = _lora_backbone(arch)
+    bb.mode(role)
+    fast = FastDecoder.build(bb.model)
+    assert fast is not None
+    g = torch.Generator().manual_seed(0)
+    caches = [RaggedKVCache(3, capacity=24, device=torch.device("cpu")) for _ in range(2)]
+    with torch.inference_mode():
+        for n_new in ([7, 3, 5], [1, 4, 1], [1, 1, 1]):
+            width = max(n_new)
+            ids = torch.randint(8, 60, (3, width), generator=g)
+            outs = []
+            for c, use_fast in zip(caches, (False, True)):
+                pos, mask = c.plan(torch.tensor(n_new), width)
+                if use_fast:
+                    outs.append(fast(ids, pos, mask, c))
+                else:
+                    outs.append(bb.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                                         cache=c, logits_to_keep=1).logits[:, -1])
+                c.commit()
+            assert torch.equal(outs[0], outs[1])
+
+
+def test_fast_and_hf_engines_give_the_same_rollouts():
+    bb = _lora_backbone("qwen3")
+    bb.mode("student")
+    tasks = tp.tasks(4, 2, seed=29)
+    kw = dict(max_new_tokens=6, max_len=80, greedy=False, seeds=[11, 12, 13, 14, 15, 16])
+    a = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="auto", **kw)
+    b = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="hf", **kw)
+    _assert_same(a, b)
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="vllm", **kw)
+
+
+def test_fast_decoder_declines_what_it_does_not_cover():
+    gpt2, _ = tp.random_policy("gpt2")
+    assert FastDecoder.build(gpt2) is None  # another architecture: the HF forward runs
+    model, _ = tp.random_policy("qwen3")
+    assert FastDecoder.build(model) is not None
+    model.train()
+    assert FastDecoder.build(model) is None  # training mode (dropout) is not a rollout
