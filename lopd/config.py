@@ -135,6 +135,7 @@ class EvalParams(_Section):
     greedy: bool = True
     max_new_tokens: int = Field(12, ge=1)
     batch_size: int = Field(64, ge=1)
+    samples_per_task: int = Field(4, ge=1)  # test-split rollouts per task (common random numbers across arms)
 
 
 class BankParams(_Section):

@@ -16,7 +16,8 @@ def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
 
     ev = params.evaluate
     return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
-                           batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed)
+                           batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed,
+                           samples_per_task=ev.samples_per_task)
 
 
 def _track(params: Params, paths: Paths, arm: str, seed: int, result: dict) -> None:
@@ -56,7 +57,8 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
     out = paths.eval_dir(arm, seed)
     write_json(out / "per_task.json", res["per_task"])
     result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
-              "benchmarks": benchmarks, "n_tasks": len(test), "splits_read": splits_read()}
+              "benchmarks": benchmarks, "n_tasks": len(test), "samples_per_task": res["samples_per_task"],
+              "splits_read": splits_read()}
     write_json(out / "result.json", result)
     _track(params, paths, arm, seed, result)
     print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
