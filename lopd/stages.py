@@ -186,19 +186,22 @@ def stage_cold_start(params: Params) -> dict:
     with progress() as prog:
         task = prog.add_task("composer cold start", total=cp.steps, info="")
 
-        def on_step(step, loss):
-            prog.update(task, advance=1, info=f"teacher NLL {loss:.3f}")
-            tracker.log_metrics({"cold_start_nll": loss}, step)
+        def on_step(step, row):
+            prog.update(task, advance=1, info=f"teacher NLL {row['nll']:.3f}")
+            tracker.log_metrics({f"cold_start_{k}": v for k, v in row.items()}, step)
 
-        comp, losses = cold_start(bb, bank, emb, steps=cp.steps, batch_size=cp.batch_size, lr=cp.lr, k_choices=k_choices,
-                                  n_ret_max=cp.n_ret_max, k_max=cp.k_max, seed=cp.seed, on_step=on_step)
+        comp, rows = cold_start(bb, bank, emb, cp, k_choices=k_choices, on_step=on_step)
     save_tensors(COLD_DIR / "phi0.safetensors", comp.state())
-    result = {"stage": "cold_start", "steps": cp.steps, "nll_first": losses[0], "nll_last": losses[-1],
-              "nll_last10_mean": sum(losses[-10:]) / len(losses[-10:]), "k_choices": k_choices,
-              "mlflow_run_id": tracker.run_id, "tracking": tracker.status}
+    last = rows[-10:]
+    result = {"stage": "cold_start", "steps": cp.steps, "k_choices": k_choices, "mlflow_run_id": tracker.run_id,
+              "tracking": tracker.status,
+              **{f"{k}_first": rows[0][k] for k in rows[0]}, **{f"{k}_last": rows[-1][k] for k in rows[-1]},
+              **{f"{k}_last10_mean": sum(r[k] for r in last) / len(last) for k in rows[-1]}}
     tracker.end()
     write_json(COLD_DIR / "result.json", result)
-    print(f"cold start: teacher NLL {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print(f"cold start: teacher NLL {rows[0]['nll']:.3f} -> {rows[-1]['nll']:.3f}"
+          + (f", KL(text || latent) {rows[0]['distill_kl']:.3f} -> {rows[-1]['distill_kl']:.3f}"
+             if "distill_kl" in rows[0] else ""))
     return result
 
 
@@ -383,29 +386,31 @@ def stage_evaluate(params: Params, arm: str, seed: int) -> dict:
 
 
 def stage_probe(params: Params) -> dict:
-    """The privilege probe on successful val rollouts of the base policy."""
-    import torch
-
+    """The premise gate (lopd.premise) on val at the selected K and n_ret, with φ0."""
+    from lopd.arms import get_arm
     from lopd.checkpoint import load_tensors_verified
     from lopd.cold_start import privilege_probe
     from lopd.model.composer import Composer
-    from lopd.rollout import rollout_batch
+    from lopd.utils import progress
 
+    selected = selected_hparams(params, get_arm("lopd"))
+    K, n_ret = selected.get("K", params.train.K), selected.get("n_ret", params.train.n_ret)
     res = load_resources(params, role="probe")
     comp = Composer(res.bb, res.k_max)
     comp.load_state(load_tensors_verified(COLD_DIR / "phi0.safetensors"))
-    gen = torch.Generator().manual_seed(0)
-    res.bb.mode("student")
-    rolls = []
-    for _ in range(2):
-        rolls += rollout_batch(res.bb.model, res.bb.fmt, res.envs, res.val_tasks, max_new_tokens=params.evaluate.max_new_tokens,
-                               max_len=params.model.max_seq_len, temperature=params.evaluate.temperature, generator=gen)
-    out = privilege_probe(res.bb, comp, res.bank, rolls, res.task_emb, K=params.train.K, n_ret=params.train.n_ret,
-                          seeds=[0, 1, 2])
+    bs, pp = params.evaluate.batch_size, params.probe
+    with progress() as prog:
+        bar = prog.add_task("premise gate", total=pp.samples_per_task * -(-len(res.val_tasks) // bs), info="")
+        out = privilege_probe(res.bb, comp, res.bank, res.val_tasks, res.envs, res.task_emb, K=K, n_ret=n_ret, pp=pp,
+                              ev=params.evaluate, max_len=params.model.max_seq_len,
+                              progress=lambda: prog.update(bar, advance=1))
+    out["K_n_ret_from"] = str(HPO_DIR / "best_params.yaml") if selected else "train.K, train.n_ret"
     out["splits_read"] = list(data_mod.ACCESS_LOG)
     write_json(Path("results/probe/result.json"), out)
-    print("privilege probe (mean δ on successful val trajectories):",
-          {k: round(v["mean_delta"], 4) for k, v in out.get("by_mode", {}).items()})
+    r, d = out["reward"]["by_condition"], out["delta"]["by_condition"]
+    print(f"premise gate (K={K}, n_ret={n_ret}): premise_holds={out['premise_holds']}; val reward "
+          + ", ".join(f"{c} {v['mean']:.3f}" for c, v in r.items()) + "; mean delta "
+          + ", ".join(f"{c} {v['mean']:+.4f}" for c, v in d.items()))
     return out
 
 

@@ -14,6 +14,17 @@ backbone's input-embedding space:
 
 ``c_φ`` concatenates the ``n_ret`` experiences' latents: ``(N, n_ret·K, d)``.
 
+**A fresh composer is (almost) a no-op.** ``Proj`` starts at zero (weight and bias), so fresh
+latents are exact zero vectors. In a pre-norm decoder without attention biases (Qwen3, Llama) a
+zero input stays zero through every layer (RMSNorm(0) = 0, no biases), so the prepended
+positions have key 0 and value 0: the only effect on the real tokens is that each attention
+softmax gains ``n_ret·K`` extra entries of score 0 and value 0, which scales every attention
+output by ``Z/(Z + n_ret·K)`` (``Z`` = the sum of the real tokens' ``exp`` scores). The
+deviation from the teacher without context therefore grows with ``n_ret·K`` and shrinks with
+the attention scores' size; ``tests/test_premise.py`` states and checks the tolerance. The
+gradient still reaches φ from the first step (``∂z/∂Proj = s·LN(q)`` is not zero), and every
+other part of φ receives gradient once ``Proj`` has moved.
+
 φ = the ``composer`` LoRA weights + this block's weights. The block holds ``k_max`` queries
 and a run uses the first ``K``; the cold start samples ``K`` per batch so that every prefix
 is trained ("nested queries"), which lets the validation search vary ``K`` without a new
@@ -43,6 +54,8 @@ class QFormerBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         self.ln_out = nn.LayerNorm(d)
         self.proj = nn.Linear(d, d)
+        nn.init.zeros_(self.proj.weight)  # fresh latents = 0: the teacher starts (almost) unchanged
+        nn.init.zeros_(self.proj.bias)
         self.scale = nn.Parameter(torch.tensor(float(emb_rms)))
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor, K: int) -> torch.Tensor:
