@@ -152,6 +152,18 @@ class ColdStartParams(_Section):
     k_max: int = Field(16, ge=1)
     n_ret_max: int = Field(5, ge=1)
     seed: int = Field(0, ge=0)
+    distill_weight: float = Field(1.0, ge=0.0)  # weight of KL(text teacher ‖ latent teacher); 0 = NLL only
+    distill_top_m: int = Field(20, ge=1)
+
+
+class ProbeParams(_Section):
+    """The premise gate (lopd.premise): rollouts per val task per condition, and the pre-registered rule."""
+
+    samples_per_task: int = Field(2, ge=1)
+    seed: int = Field(0, ge=0)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    min_margin: float = Field(0.05, ge=0.0)  # reward units
+    min_delta: float = Field(0.0, ge=0.0)  # nats per token
 
 
 class TrainParams(_Section):
@@ -305,6 +317,7 @@ class Params(_Section):
     evaluate: EvalParams = EvalParams()
     bank: BankParams = BankParams()
     cold_start: ColdStartParams = ColdStartParams()
+    probe: ProbeParams = ProbeParams()
     train: TrainParams = TrainParams()
     hpo: HpoParams = HpoParams()
     sensitivity: SensitivityParams = SensitivityParams()

@@ -29,18 +29,21 @@ def run(params: Params, paths: Paths) -> dict:
     with progress() as prog:
         bar = prog.add_task("composer cold start", total=cp.steps, info="")
 
-        def on_step(step, loss):
-            prog.update(bar, advance=1, info=f"teacher NLL {loss:.3f}")
-            tracker.log_metrics({"cold_start_nll": loss}, step)
+        def on_step(step, row):
+            prog.update(bar, advance=1, info=f"teacher NLL {row['nll']:.3f}")
+            tracker.log_metrics({f"cold_start_{k}": v for k, v in row.items()}, step)
 
-        comp, losses = cold_start(bb, bank, emb, steps=cp.steps, batch_size=cp.batch_size, lr=cp.lr, k_choices=k_choices,
-                                  n_ret_max=cp.n_ret_max, k_max=cp.k_max, seed=cp.seed, on_step=on_step)
+        comp, rows = cold_start(bb, bank, emb, cp, k_choices=k_choices, on_step=on_step)
     save_tensors(paths.cold_start / "phi0.safetensors", comp.state())
-    result = {"stage": "cold_start", "steps": cp.steps, "nll_first": losses[0], "nll_last": losses[-1],
-              "nll_last10_mean": sum(losses[-10:]) / len(losses[-10:]), "k_choices": k_choices}
+    last = rows[-10:]
+    result = {"stage": "cold_start", "steps": cp.steps, "k_choices": k_choices,
+              **{f"{k}_first": rows[0][k] for k in rows[0]}, **{f"{k}_last": rows[-1][k] for k in rows[-1]},
+              **{f"{k}_last10_mean": sum(r[k] for r in last) / len(last) for k in rows[-1]}}
     tracker.end()
     write_json(paths.cold_start / "result.json", result)
     write_side(paths, "cold_start", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
                                      "tracking": tracker.status})
-    print(f"cold start: teacher NLL {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print(f"cold start: teacher NLL {rows[0]['nll']:.3f} -> {rows[-1]['nll']:.3f}"
+          + (f", KL(text || latent) {rows[0]['distill_kl']:.3f} -> {rows[-1]['distill_kl']:.3f}"
+             if "distill_kl" in rows[0] else ""))
     return result
