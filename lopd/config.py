@@ -104,6 +104,12 @@ class EnvParams(_Section):
     n_val: int = Field(64, ge=4)
     n_test: int = Field(128, ge=4)
     seed: int = Field(1234, ge=0)
+    # worlds (lopd.envs.base.WorldConfig): target worlds shared by train/val/test, disjoint
+    # pretraining worlds for the base policy, options per convention slot, null world
+    n_target_worlds: int = Field(8, ge=1)
+    n_pretrain_worlds: int = Field(64, ge=1)
+    n_options: int = Field(3, ge=2, le=4)
+    null_world: bool = False
 
     @field_validator("domains")
     @classmethod
@@ -121,13 +127,30 @@ class TrackingParams(_Section):
 
 
 class BaseParams(_Section):
+    tasks_per_world: int = Field(8, ge=2)
     demos_per_task: int = Field(3, ge=1)
+    # P(n same-world successes in a demo's context) for n = 0, 1, ..., len-1
+    context_probs: list[float] = [0.25, 0.25, 0.25, 0.25]
     noise: float = Field(0.3, ge=0.0, le=1.0)
     truncate_prob: float = Field(0.1, ge=0.0, le=1.0)
     steps: int = Field(300, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
     seed: int = Field(0, ge=0)
+
+    @field_validator("context_probs")
+    @classmethod
+    def _probs(cls, v):
+        if not v or any(p < 0 for p in v) or abs(sum(v) - 1.0) > 1e-6:
+            raise ValueError(f"base.context_probs must be non-negative and sum to 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _context_fits(self):
+        if len(self.context_probs) > self.tasks_per_world:
+            raise ValueError(f"base.context_probs allows {len(self.context_probs) - 1} same-world experiences in a "
+                             f"context; base.tasks_per_world ({self.tasks_per_world}) must exceed that")
+        return self
 
 
 class EvalParams(_Section):
