@@ -31,6 +31,7 @@ import argparse
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from lopd.launch_worktree import (dvc_env, event, git, main_cache_dir, prepare_w
 
 ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path
 RAY_START_TRIES = 3
+CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
 
 
 def run_job(spec: dict) -> dict:
@@ -180,10 +182,14 @@ class _Driver:
             print(f"FAILED {name} after {attempt} attempt(s); log: {log}", flush=True)
 
     def cancel(self) -> None:
+        """Interrupt every running job (its dvc process group is stopped) and wait for them."""
         import ray
 
-        for ref in list(self.running):
-            ray.cancel(ref)  # KeyboardInterrupt in the job: it stops its dvc process group
+        refs = list(self.running)
+        for ref in refs:
+            ray.cancel(ref)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
 
 
 def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
@@ -266,7 +272,13 @@ def _init_ray(ray, address: str | None, num_cpus: float | None, num_gpus: float 
     on a loaded machine that can pass, so a local start is retried after stopping the processes
     it left (they are this process's children)."""
     if address:
-        ray.init(address=address, logging_level="WARNING")
+        try:
+            ray.init(address=address, logging_level="WARNING")
+        except ConnectionError as e:
+            hint = "" if os.environ.get("RAY_AUTH_MODE") else (
+                " (a cluster started by `ray start` uses token authentication: export RAY_AUTH_MODE=token and "
+                "make its token available, ~/.ray/auth_token or RAY_AUTH_TOKEN)")
+            raise BadInput(f"cannot connect to the Ray cluster at {address}: {e}{hint}") from None
         return
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
@@ -360,12 +372,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-resource-check", action="store_true",
                    help="submit jobs larger than the cluster's current total (an autoscaling cluster grows)")
     a = p.parse_args(argv)
+
+    def on_term(signum, frame):  # noqa: ARG001 - a batch system's SIGTERM stops the jobs cleanly too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         summary = launch(load_launch_params(a.params), ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
                          targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("lopd launch interrupted: running jobs stopped; run it again to resume (finished stages are "
+              "restored from the run-cache)", file=sys.stderr)
+        return 130
     return _report(summary)
 
 

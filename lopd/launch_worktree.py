@@ -17,6 +17,7 @@ import yaml
 from lopd.errors import BadInput
 
 STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
+POLL_S = 0.2
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -44,14 +45,19 @@ def event(path: str | Path, kind: str, **fields) -> None:
 
 
 def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
-    """Run ``cmd`` in its own process group with output to ``fh``; an interrupt (Ray's cancel)
-    stops the whole group, so no stage command outlives its job."""
+    """Run ``cmd`` under :mod:`lopd.launch_guard` in a new process group, output to ``fh``. An
+    interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
+    stage command outlives its job. ``on_start`` gets the group id."""
     print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    guard = [sys.executable, str(Path(__file__).with_name("launch_guard.py"))]
+    proc = subprocess.Popen(guard + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     if on_start is not None:
         on_start(proc.pid)
     try:
-        return proc.wait()
+        while proc.poll() is None:  # not proc.wait(): Ray's cancel raises between bytecodes, not in waitpid
+            time.sleep(POLL_S)
+        return proc.returncode
     except BaseException:
         _stop_group(proc)
         raise

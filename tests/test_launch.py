@@ -145,7 +145,8 @@ def _env(marks: Path | None = None) -> dict:
                               if p)
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "PYTHONPATH": py_path, "DVC_NO_ANALYTICS": "1",
            "MLFLOW_DISABLE_TELEMETRY": "true", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "RAY_DISABLE_USAGE_STATS": "1"}
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "RAY_DISABLE_USAGE_STATS": "1",
+           "RAY_AUTH_MODE": "token"}  # Ray's default for `ray start`; a driver attaching with --address needs it
     if marks is not None:
         env["LAUNCH_TEST_MARKS"] = str(marks)
     return env
@@ -211,11 +212,12 @@ def check_gpu_schedule(events: list[dict], kind: str, per_job: int, total: int) 
 
 
 def _marks(path: Path) -> list[dict]:
-    """The stage commands among the Python processes the hook saw: not dvc, not Ray's own
-    processes, not ``python -m``/``-c`` helpers (the launcher, an MLflow sidecar)."""
+    """The stage commands among the Python processes the hook saw: not dvc, not the launcher's
+    process guard, not Ray's own processes, not ``python -m``/``-c`` helpers (the launcher, an
+    MLflow sidecar)."""
     rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
     return [m for m in rows if m["argv"] and m["argv"][0] not in ("-m", "-c")
-            and Path(m["argv"][0]).name != "dvc" and "/ray/" not in m["argv"][0]]
+            and Path(m["argv"][0]).name not in ("dvc", "launch_guard.py") and "/ray/" not in m["argv"][0]]
 
 
 def _ran_in(marks: list[dict], root: Path, since: float) -> list[list[str]]:
@@ -260,3 +262,157 @@ def test_toy_pipeline_fans_out_and_back_in(tmp_path):
     assert not [p for p in (root / ".dvc/tmp/launch").iterdir() if p.is_dir() and p.name != "logs"], \
         "finished worktrees are removed"
     assert "worktree" not in _run(["git", "worktree", "list"], root, _env()).stdout.split("\n", 1)[-1]
+
+
+# ----------------------------------------------------------------------------- failures and resume
+
+class Cluster:
+    def __init__(self, address: str, marks: Path):
+        self.address, self.marks = address, marks
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """An existing Ray cluster (``ray start --head --block``, stopped by its pid): jobs attach
+    with ``--address``. Its workers carry the command-counting hook."""
+    d = tmp_path_factory.mktemp("ray")
+    marks = d / "marks.jsonl"
+    for _ in range(3):  # a loaded machine can miss Ray's fixed 30 s start-up window
+        port = _free_port()
+        out = open(d / f"ray-{port}.log", "w")
+        proc = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+                                 "--num-gpus=4", "--include-dashboard=false", "--disable-usage-stats"],
+                                env=_env(marks), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and \
+                "Ray runtime started" not in (d / f"ray-{port}.log").read_text():
+            time.sleep(1)
+        if proc.poll() is None and "Ray runtime started" in (d / f"ray-{port}.log").read_text():
+            break
+        proc.terminate()
+        proc.wait(60)
+    else:
+        pytest.fail(f"ray start failed 3 times; see {d}")
+    yield Cluster(f"127.0.0.1:{port}", marks)
+    proc.terminate()  # --block: Ray stops the processes it started
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _wait_event(log_dir: Path, pred, proc: subprocess.Popen, timeout: float = 300) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (log_dir / "events.jsonl").exists():
+            for e in _events(log_dir):
+                if pred(e):
+                    return e
+        assert proc.poll() is None, f"launch exited early:\n{proc.communicate()[0][-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no such event within {timeout} s in {log_dir}")
+
+
+def _wait_command(log_dir: Path, stage: str, attempt: int, proc: subprocess.Popen) -> dict:
+    """Wait until DVC runs ``stage``'s command in that job (its log says "Running stage"), then
+    give the command a moment: the kill lands mid-run, not during DVC's start-up."""
+    ev = _wait_event(log_dir, lambda e: e["event"] == "running" and e["stage"] == stage and e["attempt"] == attempt,
+                     proc)
+    log = log_dir / f"{stage.replace('@', '_')}.{attempt}.log"
+    deadline = time.time() + 300
+    while f"Running stage '{stage}'" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)
+    return ev
+
+
+def _start_launch(root: Path, log_dir: Path, cluster: Cluster) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "lopd.launch", "--address", cluster.address, "--log-dir", str(log_dir)]
+    return subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _commands(cluster: Cluster, root: Path, since: float) -> list[str]:
+    """Stage commands run for ``root`` (in it or in one of its worktrees) since ``since``."""
+    return sorted(" ".join(m["argv"]) for m in _marks(cluster.marks)
+                  if m["t"] >= since and (Path(m["cwd"]) == root or root in Path(m["cwd"]).parents))
+
+
+def _run_cache_entries(root: Path) -> int:
+    return len(list((root / ".dvc/cache/runs").glob("*/*")))
+
+
+def _set_params(root: Path, **sections) -> None:
+    p = yaml.safe_load((root / "params.yaml").read_text())
+    for sec, kv in sections.items():
+        p[sec].update(kv)
+    (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+
+
+def _kill_group(pid: int) -> None:
+    os.killpg(pid, signal.SIGKILL)
+
+
+def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
+    root = _make_toy(tmp_path / "toy", sleep=6)
+
+    # 1. a job killed mid-run (max_retries 0): reported with its log, its downstream not started,
+    #    and no run-cache entry (DVC writes it only after the command succeeded)
+    t1, logs = time.time(), tmp_path / "l1"
+    proc = _start_launch(root, logs, cluster)
+    ev = _wait_command(logs, "work@b-1", 1, proc)
+    _kill_group(ev["pid"])
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 1, out
+    s = json.loads((logs / "summary.json").read_text())
+    assert set(s["failed"]) == {"work@b-1"} and s["blocked"] == ["summary"], s
+    assert f"log: {logs / 'work_b-1.1.log'}" in out and (logs / "work_b-1.1.log").exists()
+    assert _run_cache_entries(root) == 4  # gen + the three work jobs that finished; `search` is not cacheable
+    assert _commands(cluster, root, t1).count("work.py b 1") == 1
+
+    # 2. interrupting lopd launch stops its running jobs (exit 130, the job's process group is gone)
+    logs = tmp_path / "l2"
+    proc = _start_launch(root, logs, cluster)
+    ev = _wait_command(logs, "work@b-1", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    with pytest.raises(ProcessLookupError):
+        os.killpg(ev["pid"], 0)
+    assert _run_cache_entries(root) == 4, "the interrupted job was stopped before it finished"
+
+    # 3. starting again resumes: only the unfinished stage and its downstream run; the rest is
+    #    restored from the run-cache; the fan-in runs nothing
+    t3, logs = time.time(), tmp_path / "l3"
+    proc = _start_launch(root, logs, cluster)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out
+    assert _commands(cluster, root, t3) == ["summary.py", "work.py b 1"]
+    s = json.loads((logs / "summary.json").read_text())
+    # gen and search are up to date in the main workspace (search ran there in step 1)
+    assert s["launched"] == ["summary", "work@a-0", "work@a-1", "work@b-0", "work@b-1"]
+    assert all(s["done"][k]["restored"] for k in ("work@a-0", "work@a-1", "work@b-0")), s["done"]
+    assert s["ok"] and s["fan_in"]["ran"] == [] and s["fan_in"]["status_clean"]
+
+    # 4. changing one arm's params reruns only that arm's stages; a job killed once is retried
+    _set_params(root, work={"a": 3}, launch={"max_retries": 1})
+    t4, logs = time.time(), tmp_path / "l4"
+    proc = _start_launch(root, logs, cluster)
+    ev = _wait_command(logs, "work@a-0", 1, proc)
+    _kill_group(ev["pid"])
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out
+    s = json.loads((logs / "summary.json").read_text())
+    assert sorted(s["launched"]) == ["summary", "work@a-0", "work@a-1"]
+    assert s["done"]["work@a-0"]["attempt"] == 2 and not s["done"]["work@a-0"]["restored"]
+    assert _commands(cluster, root, t4) == ["summary.py", "work.py a 0", "work.py a 0", "work.py a 1"]
+    assert s["ok"] and s["fan_in"]["ran"] == [] and s["fan_in"]["status_clean"]
+    assert json.loads((root / "summary.txt").read_text())["a-0"] == (3 * 10 + 0) * (int((root / "search/best.txt")
+                                                                                       .read_text()) + 1)
