@@ -220,7 +220,7 @@ class LaunchParams(_Section):
     resources: dict[str, LaunchResources] = {"default": LaunchResources()}
     max_retries: int = Field(1, ge=0)  # attempts after the first, per job
     worktree_root: str | None = None  # null = <repo>/.dvc/tmp/launch (ignored by git and DVC)
-    shared_paths: list[str] = ["mlflow.db"]  # linked from the main workspace into every worktree
+    shared_paths: list[str] = ["mlflow.db", "models/external", "data/external"]  # linked into every worktree
     keep_worktrees: bool = False  # keep each finished job's worktree (debugging)
 
     @field_validator("resources")

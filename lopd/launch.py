@@ -282,7 +282,8 @@ def _init_ray(ray, address: str | None, num_cpus: float | None, num_gpus: float 
         return
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level="WARNING")
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                     logging_level="WARNING")  # "local": a new cluster even if `ray start` left one
             return
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
             if "timed out during startup" not in str(e) or attempt == RAY_START_TRIES:
