@@ -28,6 +28,7 @@ the GPU ids Ray granted). See docs/cluster.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -39,67 +40,13 @@ from pathlib import Path
 
 from lopd.errors import BadInput
 from lopd.launch_plan import Plan, read_plan, ready_stages
-from lopd.launch_worktree import (dvc_env, event, git, main_cache_dir, prepare_worktree, read_lock_entry,
-                                  remove_stale_worktrees, remove_worktree, run_logged)
+from lopd.launch_job import dvc_env, event, run_job, run_logged, stages_run
+from lopd.launch_worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
+                                  remove_worktree)
 
 ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path
 RAY_START_TRIES = 3
 CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
-
-
-def run_job(spec: dict) -> dict:
-    """One job (runs inside a Ray worker): restore the upstream outputs, then let DVC run the stage.
-
-    Returns ``{"rc", "ran", "restored", "entry"}``: the exit status, the stage commands DVC ran
-    ("Running stage" lines), whether DVC restored the stage from the run-cache, and the stage's
-    ``dvc.lock`` entry written by DVC (``None`` on failure)."""
-    import ray
-
-    gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-    cwd, stage, log = spec["cwd"], spec["stage"], spec["log"]
-    env = dvc_env()
-    event(spec["events"], "start", stage=stage, attempt=spec["attempt"], cwd=cwd, gpu_ids=gpu_ids,
-          cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    with open(log, "a") as fh:
-        rc = 0
-        if spec["checkout"]:
-            rc = run_logged(["dvc", "checkout", *spec["checkout"]], cwd, fh, env)
-        if rc == 0:
-            rc = _copy_missing(spec, fh)
-        if rc == 0:
-            cmd = ["dvc", "repro", stage] if spec["in_main"] else ["dvc", "repro", "--single-item", stage]
-            rc = run_logged(cmd, cwd, fh, env, on_start=lambda pid: event(
-                spec["events"], "running", stage=stage, attempt=spec["attempt"], pid=pid))
-    text = Path(log).read_text(errors="replace")
-    ran = [ln.split("'")[1] for ln in text.splitlines() if ln.startswith("Running stage '")]
-    restored = f"Stage '{stage}' is cached - skipping run" in text
-    entry = read_lock_entry(cwd, spec["lockfile"], spec["lock_key"]) if rc == 0 else None
-    if rc == 0 and entry is None:
-        fh_msg = f"dvc repro exited 0 but {spec['lockfile']} has no entry for {spec['lock_key']}"
-        with open(log, "a") as fh:
-            print(fh_msg, file=fh)
-        rc = 1
-    event(spec["events"], "end", stage=stage, attempt=spec["attempt"], rc=rc, ran=ran, restored=restored,
-          gpu_ids=gpu_ids)
-    return {"rc": rc, "ran": ran, "restored": restored, "entry": entry}
-
-
-def _copy_missing(spec: dict, fh) -> int:
-    """Inputs ``dvc checkout`` cannot restore (outputs with ``cache: false``, files no stage
-    produces) are copied from the workspace that holds them."""
-    import shutil
-
-    for rel, source in spec["copy_missing"]:
-        dst, src = Path(spec["cwd"]) / rel, Path(source) / rel
-        if dst.exists():
-            continue
-        if not src.exists():
-            print(f"input {rel} is missing here and in {source}", file=fh)
-            return 1
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-        print(f"copied input {rel} from {source}", file=fh)
-    return 0
 
 
 class _Driver:
@@ -108,10 +55,12 @@ class _Driver:
     def __init__(self, plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, remote, commit: str):
         self.plan, self.lp, self.root, self.wt_root, self.log_dir, self.remote = plan, lp, root, wt_root, log_dir, remote
         self.commit, self.cache_dir = commit, main_cache_dir(root)
+        self.main_locks = read_locks(root, plan.lockfiles)  # before any main-workspace job writes them
         self.entries: dict[str, dict[str, dict]] = {}  # lock file -> stage -> entry, of the jobs finished so far
         self.done: dict[str, dict] = {}
         self.failed: dict[str, dict] = {}
         self.running: dict = {}  # ray ref -> (stage, attempt, worktree or None)
+        self.blocked: list[str] = []  # not started: an upstream stage failed
         self.token = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def run(self) -> None:
@@ -137,7 +86,7 @@ class _Driver:
         wt = None
         if not job.in_main:
             wt = self.wt_root / f"{slug}.{attempt}-{self.token}"
-            prepare_worktree(self.root, wt, self.commit, self.plan.lockfiles, self.entries, self.lp.shared_paths,
+            prepare_worktree(self.root, wt, self.commit, self.main_locks, self.entries, self.lp.shared_paths,
                              self.cache_dir)
         sources = {s: self.done[s].get("worktree") for s in self.done}
         spec = {"stage": name, "attempt": attempt, "cwd": str(wt or self.root), "in_main": job.in_main,
@@ -199,9 +148,9 @@ def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
     event(log_dir / "events.jsonl", "fan-in start")
     with open(log_dir / "fan-in.log", "w") as fh:
         rc = run_logged(["dvc", "repro", *targets], root, fh, env)
-    text = (log_dir / "fan-in.log").read_text(errors="replace")
-    ran = [ln.split("'")[1] for ln in text.splitlines() if ln.startswith("Running stage '")]
-    restored = [ln.split("'")[1] for ln in text.splitlines() if "is cached - skipping run" in ln]
+    lines = (log_dir / "fan-in.log").read_text(errors="replace").splitlines()
+    ran = stages_run(lines)
+    restored = [ln.split("'")[1] for ln in lines if "is cached - skipping run" in ln]
     st = subprocess.run(["dvc", "status", "--json", *targets], cwd=root, env=env, capture_output=True, text=True)
     status = json.loads(st.stdout) if st.returncode == 0 and st.stdout.strip() else {"error": st.stderr[-500:]}
     event(log_dir / "events.jsonl", "fan-in end", rc=rc, ran=ran)
@@ -214,11 +163,8 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
            check_resources: bool = True) -> dict:
     """Run the out-of-date stages on Ray (``address``: an existing cluster; None: start a local
     one with ``num_cpus``/``num_gpus`` logical resources), then fan in. Returns the summary
-    that is also written to ``<log dir>/summary.json``."""
-    try:
-        import ray
-    except ImportError:
-        raise BadInput("lopd launch needs Ray: pip install 'lopd[cluster]' (or: pip install ray)") from None
+    that is also written to ``<log dir>/summary.json``; ``summary["ok"]``: every job finished,
+    the fan-in ran no stage command and ``dvc status`` is clean."""
     root = Path(git(Path(root), "rev-parse", "--show-toplevel").strip())
     commit = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True,
                             text=True).stdout.strip()
@@ -226,12 +172,7 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
         raise BadInput(f"{root} has no commit: each job's worktree checks out the current commit (git commit first)")
     lp = getattr(params, "launch", params)  # a Params or its LaunchParams
     wt_root = _worktree_root(root, lp.worktree_root)
-    wt_root.mkdir(parents=True, exist_ok=True)
-    with open(wt_root / "launch.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+    with _exclusive(wt_root, root):
         plan = read_plan(root, targets or [])
         unknown = sorted(set(lp.resources) - {"default"} - plan.kinds)
         if unknown:
@@ -241,30 +182,56 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
         remove_stale_worktrees(root, wt_root)
         print(f"{len(plan.launch)} of {len(plan.jobs)} stages out of date; logs: {log_dir}", flush=True)
         t0 = time.time()
-        summary = {"launched": sorted(plan.launch), "log_dir": str(log_dir)}
+        summary: dict = {"launched": sorted(plan.launch), "log_dir": str(log_dir)}
+        drv = None
         if plan.launch:
-            _init_ray(ray, address, num_cpus, num_gpus)
-            try:
-                if check_resources:
-                    _check_resources(plan, lp, ray.cluster_resources())
-                drv = _Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
-                try:
-                    drv.run()
-                except KeyboardInterrupt:
-                    drv.cancel()
-                    raise
-            finally:
-                ray.shutdown()
+            drv = _fan_out(plan, lp, root, wt_root, log_dir, commit, address, num_cpus, num_gpus, check_resources)
             summary.update(done={k: _brief(v) for k, v in drv.done.items()},
                            failed={k: _brief(v) for k, v in drv.failed.items()}, blocked=drv.blocked)
         summary["jobs_s"] = round(time.time() - t0, 1)
         if not summary.get("failed") and not summary.get("blocked"):
             summary["fan_in"] = fan_in(root, targets or [], log_dir)
+            for out in (drv.done.values() if drv and not lp.keep_worktrees else ()):
+                if out.get("worktree"):  # kept until now to serve uncached outputs downstream
+                    remove_worktree(root, Path(out["worktree"]))
         summary["wall_s"] = round(time.time() - t0, 1)
-        summary["ok"] = bool(summary.get("fan_in")) and summary["fan_in"]["rc"] == 0 \
-            and not summary["fan_in"]["ran"] and summary["fan_in"]["status_clean"]
+        fi = summary.get("fan_in")
+        summary["ok"] = bool(fi) and fi["rc"] == 0 and not fi["ran"] and fi["status_clean"]
         (log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+@contextlib.contextmanager
+def _exclusive(wt_root: Path, root: Path):
+    """One ``lopd launch`` per repository at a time (it owns the worktrees under ``wt_root``)."""
+    wt_root.mkdir(parents=True, exist_ok=True)
+    with open(wt_root / "launch.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+        yield
+
+
+def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: str, address, num_cpus, num_gpus,
+             check_resources: bool) -> _Driver:
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("lopd launch needs Ray: pip install 'lopd[cluster]' (or: pip install ray)") from None
+    _init_ray(ray, address, num_cpus, num_gpus)
+    try:
+        if check_resources:
+            _check_resources(plan, lp, ray.cluster_resources())
+        drv = _Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
+        try:
+            drv.run()
+        except KeyboardInterrupt:
+            drv.cancel()
+            raise
+        return drv
+    finally:
+        ray.shutdown()
 
 
 def _init_ray(ray, address: str | None, num_cpus: float | None, num_gpus: float | None) -> None:
@@ -377,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum, frame):  # noqa: ARG001 - a batch system's SIGTERM stops the jobs cleanly too
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    old_term = signal.signal(signal.SIGTERM, on_term)
     try:
         summary = launch(load_launch_params(a.params), ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
                          targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
@@ -388,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         print("lopd launch interrupted: running jobs stopped; run it again to resume (finished stages are "
               "restored from the run-cache)", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     return _report(summary)
 
 

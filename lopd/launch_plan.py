@@ -41,12 +41,15 @@ class Plan:
 
 
 def needs_main_workspace(stage) -> bool:
-    """DVC's run-cache skips a stage without cmd, deps or outs, an ``always_changed`` one, and
-    one with a ``persist`` or non-local output (``dvc.stage.cache._can_hash``): such a stage
-    cannot be restored in the fan-in, so it runs in the main workspace itself."""
+    """Whether DVC writes no run-cache entry for the stage, so the fan-in could not restore it
+    and it must run in the main workspace itself. DVC skips a stage without cmd, deps or outs,
+    an ``always_changed`` one, one with a ``persist`` or non-local output
+    (``dvc.stage.cache._can_hash``), and one with a ``cache: false`` output that is not a metric
+    or plot (``Stage.run`` saves with ``run_cache=False`` then)."""
     if stage.always_changed or not (stage.cmd and stage.deps and stage.outs):
         return True
-    return any(o.persist or o.protocol != "local" or not o.is_in_repo for o in stage.outs)
+    return any(o.persist or o.protocol != "local" or not o.is_in_repo
+               or not (o.use_cache or o.is_metric or o.is_plot) for o in stage.outs)
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -121,7 +124,7 @@ def _build(g, scope: set, changed: set[str], root: str, pipeline_cls) -> Plan:
             checkout=tuple(checkout), copy_inputs=tuple(copy))
     order = [s.addressing for s in reversed(list(nx.topological_sort(g))) if s.addressing in jobs]
     launch = {s.addressing for s in stale if not s.frozen}
-    keep = {p for n in launch for _, p in jobs[n].copy_inputs
+    keep = {p for n in launch if not jobs[n].in_main for _, p in jobs[n].copy_inputs
             if p in launch and not jobs[p].in_main}
     return Plan(jobs=jobs, launch=launch, order=order, lockfiles=sorted({j.lockfile for j in jobs.values()}),
                 keep=keep)

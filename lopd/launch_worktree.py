@@ -1,23 +1,16 @@
-"""Worktrees, processes and logs for ``lopd launch`` (git and DVC driven through their CLIs)."""
+"""The worktrees of ``lopd launch``: one per job attempt, at the current commit, mirroring the
+main workspace for DVC (git and DVC driven through their own interfaces)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from lopd.errors import BadInput
-
-STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
-POLL_S = 0.2
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -27,79 +20,27 @@ def git(cwd: Path, *args: str) -> str:
     return r.stdout
 
 
-def dvc_env() -> dict[str, str]:
-    """The job's environment: this Python's bin directory first on PATH (dvc and the stage
-    commands come from the environment Ray runs the job in)."""
-    bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+def read_locks(root: Path, lockfiles: list[str]) -> dict[str, dict]:
+    """The main workspace's lock files, read once before any job can write them."""
+    return {rel: (yaml.safe_load((root / rel).read_text()) or {}) if (root / rel).exists() else {}
+            for rel in lockfiles}
 
 
-def event(path: str | Path, kind: str, **fields) -> None:
-    """One JSON line per event (O_APPEND: jobs on any node of a shared filesystem add lines)."""
-    line = json.dumps({"t": round(time.time(), 3), "event": kind, "host": socket.gethostname(), **fields})
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
-    """Run ``cmd`` under :mod:`lopd.launch_guard` in a new process group, output to ``fh``. An
-    interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
-    stage command outlives its job. ``on_start`` gets the group id."""
-    print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
-    guard = [sys.executable, str(Path(__file__).with_name("launch_guard.py"))]
-    proc = subprocess.Popen(guard + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    if on_start is not None:
-        on_start(proc.pid)
-    try:
-        while proc.poll() is None:  # not proc.wait(): Ray's cancel raises between bytecodes, not in waitpid
-            time.sleep(POLL_S)
-        return proc.returncode
-    except BaseException:
-        _stop_group(proc)
-        raise
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def read_lock_entry(cwd: str | Path, lockfile: str, key: str) -> dict | None:
-    path = Path(cwd) / lockfile
-    if not path.exists():
-        return None
-    return ((yaml.safe_load(path.read_text()) or {}).get("stages") or {}).get(key)
-
-
-def prepare_worktree(root: Path, wt: Path, commit: str, lockfiles: list[str], entries: dict[str, dict[str, dict]],
+def prepare_worktree(root: Path, wt: Path, commit: str, locks: dict[str, dict], entries: dict[str, dict[str, dict]],
                      shared_paths: list[str], cache_dir: str) -> None:
     """A worktree of ``commit`` that mirrors the main workspace for DVC: its uncommitted files,
-    ``dvc.lock`` = the main one updated with the entries of the jobs finished so far, the main
-    DVC cache (and with it the run-cache), and ``shared_paths`` linked to the main copies."""
+    each ``dvc.lock`` = the main one (``locks``) updated with the entries of the jobs finished so
+    far, the main DVC cache (and with it the run-cache), ``shared_paths`` linked to the main copies."""
     wt.parent.mkdir(parents=True, exist_ok=True)
     git(root, "worktree", "add", "--detach", str(wt), commit)
-    _mirror_uncommitted(root, wt, set(lockfiles))
-    for rel in lockfiles:
-        src = root / rel
-        lock = (yaml.safe_load(src.read_text()) or {}) if src.exists() else {}
+    _mirror_uncommitted(root, wt, set(locks))
+    for rel, lock in locks.items():
         if not lock and not entries.get(rel):
             (wt / rel).unlink(missing_ok=True)
             continue
-        lock.setdefault("schema", "2.0")
-        lock["stages"] = {**(lock.get("stages") or {}), **entries.get(rel, {})}
-        (wt / rel).write_text(yaml.safe_dump(lock, sort_keys=False))
+        merged = {**lock, "schema": lock.get("schema", "2.0"),
+                  "stages": {**(lock.get("stages") or {}), **entries.get(rel, {})}}
+        (wt / rel).write_text(yaml.safe_dump(merged, sort_keys=False))
     _share_cache(root, wt, cache_dir)
     for rel in shared_paths:
         link = wt / rel

@@ -63,6 +63,42 @@ def test_ready_stages_ignore_upstream_that_is_up_to_date():
     assert ready_stages(plan, {"train@a", "report"}, set(), False) == ["train@a"]
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_guard_stops_the_command_when_its_job_dies(tmp_path):
+    """A job process that dies (SIGKILL, no chance to clean up) takes its stage command with it:
+    the guard notices it was re-parented and stops its process group."""
+    guard = REPO_ROOT / "lopd" / "launch_guard.py"
+    job = textwrap.dedent(f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, {str(guard)!r}, "sleep", "600"], start_new_session=True)
+        print(p.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", job], stdout=subprocess.PIPE, text=True)
+    pgid = int(proc.stdout.readline())
+    time.sleep(1.0)
+    assert _group_alive(pgid)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while _group_alive(pgid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(pgid), "the stage command outlived its job"
+
+
+def test_guard_passes_the_exit_status_through():
+    guard = REPO_ROOT / "lopd" / "launch_guard.py"
+    assert subprocess.run([sys.executable, str(guard), sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
+    assert subprocess.run([sys.executable, str(guard), "true"]).returncode == 0
+
+
 # ----------------------------------------------------------------------------- toy pipeline
 
 TOY_DVC = """
@@ -78,6 +114,11 @@ stages:
     outs:
       - search/journal.log: {persist: true, cache: false}
       - search/best.txt
+  note:
+    cmd: python note.py
+    deps: [note.py, search/best.txt]
+    outs:
+      - note.md: {cache: false}
   work:
     matrix: {arm: [a, b], seed: [0, 1]}
     cmd: python work.py ${item.arm} ${item.seed}
@@ -107,6 +148,10 @@ TOY_SCRIPTS = {
             f.write("trial\\n")
         total = sum(int(x) for x in pathlib.Path("data/gen.txt").read_text().split())
         pathlib.Path("search/best.txt").write_text(str(total % 7))
+    """,
+    "note.py": """
+        import pathlib
+        pathlib.Path("note.md").write_text("best: " + pathlib.Path("search/best.txt").read_text() + "\\n")
     """,
     "work.py": """
         import json, pathlib, sys, time, yaml
@@ -224,8 +269,13 @@ def _ran_in(marks: list[dict], root: Path, since: float) -> list[list[str]]:
 
 
 def _lock_outs(root: Path) -> dict[str, str]:
+    """Output path -> md5 in ``dvc.lock``, for the stages of the current ``dvc.yaml`` (DVC keeps the
+    entries of matrix items no longer in the matrix)."""
+    from lopd.launch_plan import read_plan
+
+    current = set(read_plan(root, []).jobs)
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    return {o["path"]: o["md5"] for st in lock["stages"].values() for o in st.get("outs", [])}
+    return {o["path"]: o["md5"] for name, st in lock["stages"].items() if name in current for o in st.get("outs", [])}
 
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -247,9 +297,11 @@ def test_toy_pipeline_fans_out_and_back_in(tmp_path):
     events = _events(logs)
     # 4 logical GPUs, 2 per work job: at most 2 at once, and two did overlap, on disjoint ids
     assert check_gpu_schedule(events, "work", per_job=2, total=4) == 2
-    # every stage command ran exactly once, in a worktree, except `search` (persist: main workspace)
+    # every stage command ran exactly once: in a worktree, or in the main workspace for the two
+    # stages DVC cannot run-cache (`search`: a persist output; `note`: a cache: false output)
     argv = [m["argv"] for m in _marks(marks)]
-    assert sorted(a[0] for a in argv) == sorted(["gen.py", "search.py", "summary.py"] + ["work.py"] * 4), argv
+    assert sorted(a[0] for a in argv) == sorted(["gen.py", "search.py", "note.py", "summary.py"] + ["work.py"] * 4)
+    assert sorted(Path(m["argv"][0]).stem for m in _marks(marks) if Path(m["cwd"]) == root) == ["note", "search"]
     fan_in_t = next(e["t"] for e in events if e["event"] == "fan-in start")
     assert _ran_in(_marks(marks), root, fan_in_t) == []
     assert summary["fan_in"]["ran"] == [] and summary["fan_in"]["status_clean"]
@@ -486,3 +538,53 @@ def test_smoke_matrix_on_a_local_ray_cluster(tmp_path):
     differ = sorted(p for p in launched if launched[p] != reference[p])
     print("outputs that differ from the serial run:", differ)
     assert [p for p in differ if not p.startswith(NONDETERMINISTIC)] == []
+
+
+# ----------------------------------------------------------------------------- plan and bad input (no Ray)
+
+def test_plan_of_the_toy_pipeline(tmp_path):
+    from lopd.launch_plan import read_plan
+
+    root = _make_toy(tmp_path / "toy")
+    plan = read_plan(root, [])
+    assert plan.launch == {"gen", "search", "note", "work@a-0", "work@a-1", "work@b-0", "work@b-1", "summary"}
+    assert plan.order.index("gen") < plan.order.index("search") < plan.order.index("work@a-0") \
+        < plan.order.index("summary")
+    # no run-cache entry: a persist output (search), a cache: false output that is not a metric (note)
+    assert sorted(n for n, j in plan.jobs.items() if j.in_main) == ["note", "search"]
+    assert plan.jobs["work@a-0"].checkout == ("gen", "search")
+    # the uncached metrics summary reads cannot come out of the cache: copied from their job's worktree
+    assert sorted(c for c in plan.jobs["summary"].copy_inputs if c[1]) == \
+        [(f"out/{a}-{s}.json", f"work@{a}-{s}") for a in "ab" for s in (0, 1)]
+    assert plan.keep == {"work@a-0", "work@a-1", "work@b-0", "work@b-1"}
+    sub = read_plan(root, ["work@b-1"])
+    assert sub.launch == {"gen", "search", "work@b-1"}
+    r = _run([str(BIN / "dvc"), "repro"], root, _env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert read_plan(root, []).launch == set()
+    _set_params(root, work={"b": 5})
+    assert read_plan(root, []).launch == {"work@b-0", "work@b-1", "summary"}
+
+
+def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
+    from lopd.errors import BadInput
+    from lopd.launch import launch, load_launch_params, main
+
+    root = tmp_path / "nocommit"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"resources": {"train": {"num_gpus": 1}}}}))
+    assert main(["--params", str(root / "params.yaml")]) == 2
+    assert "launch.resources needs a `default` entry" in capsys.readouterr().err
+    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"max_retries": -1}}))
+    with pytest.raises(BadInput, match="launch.max_retries"):
+        load_launch_params(root / "params.yaml")
+    (root / "params.yaml").write_text(yaml.safe_dump({"gen": {"n": 1}}))
+    with pytest.raises(BadInput, match="no `launch` section"):
+        load_launch_params(root / "params.yaml")
+    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"worktree_root": "wt"}}))
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    with pytest.raises(BadInput, match="has no commit"):
+        launch(load_launch_params(root / "params.yaml"), root)
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=root, env=_env(), check=True)
+    with pytest.raises(BadInput, match="inside the repository"):
+        launch(load_launch_params(root / "params.yaml"), root)
