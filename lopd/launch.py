@@ -11,9 +11,10 @@ lock). ``lopd launch`` spreads the work while every result still comes out of DV
    ``dvc.lock`` merged from the main one and the jobs finished so far) that shares the main
    DVC cache. It checks out its upstream stages' outputs from that cache and runs
    ``dvc repro --single-item <stage>``: DVC hashes the inputs, runs the command and records
-   the run-cache entry (DVC writes it only after the command succeeded). Stages DVC cannot
-   run-cache (a ``persist`` output, ``always_changed``) run as ``dvc repro <stage>`` in the
-   main workspace, one at a time.
+   the run-cache entry (DVC writes it only after the command succeeded). Stages DVC does not
+   run-cache (a ``persist`` output, a ``cache: false`` output that is not a metric or plot,
+   ``always_changed``) run as ``dvc repro <stage>`` in the main workspace, one at a time; that
+   command restores their upstream results there from the run-cache first.
 3. **Fan-in.** A plain ``dvc repro`` in the main workspace restores every stage from the
    run-cache and runs no stage command; ``dvc status`` is then clean. Outputs are never
    ``dvc commit``-ed from outside DVC.
