@@ -77,6 +77,8 @@ def _share_cache(root: Path, wt: Path, cache_dir: str) -> None:
         shutil.copy2(local, wt / ".dvc" / "config.local")
     with Config(dvc_dir=str(wt / ".dvc"), validate=False).edit("local", validate=False) as conf:
         conf.setdefault("cache", {})["dir"] = cache_dir
+        # DVC's per-repository state and index (keyed by path) go with the worktree, not to /var/tmp
+        conf.setdefault("core", {})["site_cache_dir"] = str(wt / ".dvc" / "tmp" / "site_cache")
 
 
 def main_cache_dir(root: Path) -> str:
