@@ -332,6 +332,39 @@ class ReportParams(_Section):
     design: DesignParams = DesignParams()
 
 
+class LaunchResources(_Section):
+    """What one Ray job reserves (Ray sets CUDA_VISIBLE_DEVICES to the GPUs it grants)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
+class LaunchParams(_Section):
+    """``lopd launch`` (lopd/launch.py): the out-of-date stages as Ray jobs. Read by no stage."""
+
+    # per job, by stage name (the part before '@'); ``default`` for every stage not listed
+    resources: dict[str, LaunchResources] = {"default": LaunchResources()}
+    max_retries: int = Field(1, ge=0)  # attempts after the first, per job
+    worktree_root: str | None = None  # null = <repo>/.dvc/tmp/launch (ignored by git and DVC)
+    shared_paths: list[str] = ["mlflow.db", "models/external", "data/external"]  # linked into every worktree
+    keep_worktrees: bool = False  # keep each finished job's worktree (debugging)
+
+    @field_validator("resources")
+    @classmethod
+    def _has_default(cls, v):
+        if "default" not in v:
+            raise ValueError("launch.resources needs a `default` entry (the resources of every stage not listed)")
+        return v
+
+    @field_validator("shared_paths")
+    @classmethod
+    def _relative(cls, v):
+        bad = [p for p in v if Path(p).is_absolute() or ".." in Path(p).parts]
+        if bad:
+            raise ValueError(f"launch.shared_paths must be paths inside the repository, got {bad}")
+        return v
+
+
 class Params(_Section):
     model: ModelParams = ModelParams()
     envs: EnvParams = EnvParams()
@@ -345,6 +378,7 @@ class Params(_Section):
     hpo: HpoParams = HpoParams()
     sensitivity: SensitivityParams = SensitivityParams()
     report: ReportParams = ReportParams()
+    launch: LaunchParams = LaunchParams()
 
     @model_validator(mode="after")
     def _cross(self):
