@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--seed", type=int, required=True)
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
+    sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from lopd import warm
 
     os.environ.setdefault("LOPD_T0", repr(process_start_time()))  # for the pipeline bench's start-up figure
-    if warm.wanted(argv):
+    if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
         if ns.cmd not in ("validate", "apply-profile", "repro"):
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_in_process(argv: list[str]) -> int:
     from lopd.errors import BadInput, RunFailed
 
+    if argv[:1] == ["launch"]:  # the cluster launcher has its own options (lopd launch --help)
+        from lopd.launch import main as launch_main
+
+        return launch_main(argv[1:])
     args = _parser().parse_args(argv)
     record = _start_recording()
     try:

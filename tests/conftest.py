@@ -103,7 +103,7 @@ def copy_repo(dst: Path) -> Path:
 BIN = Path(__import__("sys").executable).parent
 
 
-def run_cmd(cmd: list[str], cwd: Path, timeout: int, **env_over) -> "subprocess.CompletedProcess":
+def run_cmd(cmd: list[str], cwd: Path, timeout: int, **env_over):
     import subprocess
 
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
@@ -155,3 +155,11 @@ def smoke_recorded(tmp_path_factory) -> Smoke:
 def smoke_warm(tmp_path_factory) -> Smoke:
     """The smoke pipeline as `make repro` runs it: stages forked from the warm worker."""
     return run_smoke(tmp_path_factory.mktemp("smoke-warm") / "repo", record=False)
+
+
+def default_params(over: dict | None = None):
+    """params.yaml (the only source of defaults) with ``over`` merged in, validated."""
+    from lopd.config import deep_merge, parse_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    return parse_params(deep_merge(raw, over or {}), "params.yaml + test overrides")

@@ -38,7 +38,7 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     from lopd.arms import get_arm
     from lopd.bank import ExperienceBank, embed_tasks
     from lopd.envs.base import Task
-    from lopd.config import ModelParams
+    from tests.conftest import default_params
     from lopd.model.backbone import Backbone, build_tiny_model, load_causal_lm
     from lopd.model.composer import Composer
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary, load_tokenizer
@@ -46,8 +46,9 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
 
     params, bank, train, val, envs = shared
     torch.set_num_threads(2)
-    mp = ModelParams(arch=arch, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                     max_seq_len=params.model.max_seq_len, device="cpu", dtype="float32")
+    mp = default_params({"model": dict(arch=arch, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                       intermediate_size=64, max_seq_len=params.model.max_seq_len, device="cpu",
+                                       dtype="float32")}).model
     tok = build_tokenizer(env_vocabulary(["tool", "code"]))
     d = tmp_path / arch
     build_tiny_model(mp, tok, seed=0).save_pretrained(str(d))

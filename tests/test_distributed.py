@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.conftest import REPO
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -29,7 +30,7 @@ TOY = textwrap.dedent(
 
     import torch
 
-    from lopd.config import ModelParams
+    from lopd.config import load_params
     from lopd.training.distributed import World, params_digest
     from lopd.model.backbone import Backbone, build_tiny_model
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary
@@ -39,7 +40,7 @@ TOY = textwrap.dedent(
     world = World.from_env("cpu")
     assert world is not None, "WORLD_SIZE not set: not launched by torchrun?"
     tok = build_tokenizer(env_vocabulary(["tool", "code"]))
-    mp = ModelParams()
+    mp = load_params(Path(sys.argv[2])).model
     bb = Backbone(build_tiny_model(mp, tok, seed=0), tok, mp)
     theta = bb.adapter_params("student")
     torch.manual_seed(100 + world.rank)  # a different adapter per rank: the broadcast must fix it
@@ -162,7 +163,7 @@ def test_world_single_process_is_none(monkeypatch):
 def test_two_ranks_stay_identical_only_with_all_reduce(tmp_path):
     script = tmp_path / "toy.py"
     script.write_text(TOY)
-    r0, r1 = _torchrun(script, [str(tmp_path)], tmp_path)
+    r0, r1 = _torchrun(script, [str(tmp_path), str(REPO / "params.yaml")], tmp_path)
     assert r0["world_size"] == r1["world_size"] == 2
     assert r0["init"] != r1["init"], "ranks were meant to start from different adapters"
     assert r0["start"] == r1["start"], "broadcast_params did not make the ranks identical"

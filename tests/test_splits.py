@@ -7,17 +7,17 @@ import json
 import pytest
 
 from lopd import data as data_mod
-from lopd.config import parse_params
 from lopd.data import SPLITS, SplitReader, generate_splits, sha256_file, write_splits
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
+from tests.conftest import default_params  # noqa: E402
 
 COUNTS = {"train": 12, "val": 6, "test": 8}
 
 
 @pytest.fixture(scope="module")
 def params():
-    return parse_params({"envs": {"n_train": COUNTS["train"], "n_val": COUNTS["val"], "n_test": COUNTS["test"],
+    return default_params({"envs": {"n_train": COUNTS["train"], "n_val": COUNTS["val"], "n_test": COUNTS["test"],
                                   "seed": 5}})
 
 
@@ -51,7 +51,7 @@ def test_disjoint_by_task_id(params):
 def test_generation_deterministic(params):
     a, b = generate_splits(params.envs), generate_splits(params.envs)
     assert {s: [t.to_json() for t in a[s]] for s in SPLITS} == {s: [t.to_json() for t in b[s]] for s in SPLITS}
-    other = parse_params({"envs": {**params.envs.model_dump(), "seed": 6}})
+    other = default_params({"envs": {**params.envs.model_dump(), "seed": 6}})
     c = generate_splits(other.envs)
     assert [t.to_json() for t in c["train"]] != [t.to_json() for t in a["train"]]
 

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from lopd.errors import BadInput
+from tests.conftest import default_params  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def make_params(tmp_path, monkeypatch, empty_store):
 
     def make(uri: str | None = None, **tracking_over) -> Params:
         uri = uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
-        return Params(tracking=TrackingParams(uri=uri, experiment="tree-test", **tracking_over))
+        return default_params({"tracking": {"uri": uri, "experiment": "tree-test", **tracking_over}})
 
     return make
 

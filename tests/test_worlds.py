@@ -14,6 +14,7 @@ from lopd.envs import WorldConfig, make_env
 from lopd.envs.base import Task
 from lopd.envs.code import TAILS, CodeEnv
 from lopd.envs.tool import FAMILIES, ORDERS, ToolEnv, run_actions
+from tests.conftest import default_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_worlds_seeded_and_deterministic(cls):
     p = _params()
     a, b = make_env(cls.domain, p.envs), make_env(cls.domain, p.envs)
     assert a.worlds == b.worlds
-    other = make_env(cls.domain, parse_params({"envs": {**p.envs.model_dump(), "seed": p.envs.seed + 1}}).envs)
+    other = make_env(cls.domain, default_params({"envs": {**p.envs.model_dump(), "seed": p.envs.seed + 1}}).envs)
     assert [w.conventions for w in a.worlds["target"]] != [w.conventions for w in other.worlds["target"]]
     assert len(a.worlds["target"]) == p.envs.n_target_worlds
     assert len(a.worlds["pretrain"]) == p.envs.n_pretrain_worlds
