@@ -421,7 +421,7 @@ def _format_error(e: ValidationError, source: str) -> str:
 
 
 def _allowed_keys(loc: tuple) -> list[str]:
-    model: Any
+    model: Any = Params
     for part in loc:
         field = model.model_fields.get(str(part))
         if field is None:

@@ -570,18 +570,22 @@ def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
     from lopd.errors import BadInput
     from lopd.launch import launch, load_launch_params, main
 
+    def launch_section(**over):  # the full launch section of params.yaml (the only defaults), changed
+        sec = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["launch"]
+        return {"launch": {**sec, **over}}
+
     root = tmp_path / "nocommit"
     root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"resources": {"train": {"num_gpus": 1}}}}))
+    (root / "params.yaml").write_text(yaml.safe_dump(launch_section(resources={"train": {"num_gpus": 1}})))
     assert main(["--params", str(root / "params.yaml")]) == 2
     assert "launch.resources needs a `default` entry" in capsys.readouterr().err
-    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"max_retries": -1}}))
+    (root / "params.yaml").write_text(yaml.safe_dump(launch_section(max_retries=-1)))
     with pytest.raises(BadInput, match="launch.max_retries"):
         load_launch_params(root / "params.yaml")
     (root / "params.yaml").write_text(yaml.safe_dump({"gen": {"n": 1}}))
     with pytest.raises(BadInput, match="no `launch` section"):
         load_launch_params(root / "params.yaml")
-    (root / "params.yaml").write_text(yaml.safe_dump({"launch": {"worktree_root": "wt"}}))
+    (root / "params.yaml").write_text(yaml.safe_dump(launch_section(worktree_root="wt")))
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     with pytest.raises(BadInput, match="has no commit"):
         launch(load_launch_params(root / "params.yaml"), root)

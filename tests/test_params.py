@@ -57,9 +57,10 @@ def test_repo_params_valid(tmp_path, capsys, base_raw):
     assert p.train.K == base_raw["train"]["K"]
 
 
-def test_empty_params_uses_defaults(tmp_path, capsys):
-    rc, _ = _validate(tmp_path, capsys, "")
-    assert rc == 0
+def test_empty_params_is_refused_naming_the_missing_keys(tmp_path, capsys):
+    """No hidden defaults: an empty params file names what is missing (params.yaml is the only source)."""
+    rc, out = _validate(tmp_path, capsys, "")
+    assert rc == 2 and "Field required" in out and "model" in out and "train" in out
 
 
 # (change, substrings that the message must contain)
