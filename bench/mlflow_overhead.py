@@ -71,7 +71,8 @@ from lopd.config import load_params
 from lopd.tracking import Tracker, preload
 t1 = time.perf_counter()
 base = load_params(sys.argv[2])
-params = base.model_copy(update={"tracking": base.tracking.model_copy(update={"uri": sys.argv[3], "experiment": "bench"})})
+tracking = base.tracking.model_copy(update={"uri": sys.argv[3], "experiment": "bench"})
+params = base.model_copy(update={"tracking": tracking})
 if sys.argv[4] == "fresh":
     tr = Tracker(params, "stage", {"stage": "bench"})
     assert tr.ok, tr.error
@@ -134,7 +135,8 @@ def one_run(params, step_s: float, steps: int, track: bool) -> dict:
         assert tr.ok, tr.error
     end_s = time.perf_counter() - w_end
     loop_wall = w_end - loop_w
-    return {"loop_extra_ms": 1000 * (loop_wall - sleep_s) / steps, "cpu_ms": 1000 * (time.process_time() - loop_cpu) / steps,
+    cpu_s = time.process_time() - loop_cpu
+    return {"loop_extra_ms": 1000 * (loop_wall - sleep_s) / steps, "cpu_ms": 1000 * cpu_s / steps,
             "fixed_ms": 1000 * (w_setup + end_s), "async": tp.async_logging}
 
 
@@ -164,7 +166,8 @@ def main() -> int:
             update={"uri": uri, "experiment": "bench", "on_failure": "fail", "async_logging": async_logging})})
         experiment_parent_id(params)  # store opened, parent created: what every later stage finds
         runs = [one_run(params, step_ms / 1000, steps, track=True) for _ in range(a.runs)]
-        results[async_logging] = {k: statistics.median(r[k] for r in runs) for k in ("loop_extra_ms", "cpu_ms", "fixed_ms")}
+        results[async_logging] = {k: statistics.median(r[k] for r in runs)
+                                  for k in ("loop_extra_ms", "cpu_ms", "fixed_ms")}
     idle = [one_run(base, step_ms / 1000, steps, track=False) for _ in range(a.runs)]
     idle_extra = statistics.median(r["loop_extra_ms"] for r in idle)
     idle_cpu = statistics.median(r["cpu_ms"] for r in idle)
@@ -173,7 +176,8 @@ def main() -> int:
     for async_logging, r in results.items():
         wall, cpu = r["loop_extra_ms"] - idle_extra, r["cpu_ms"] - idle_cpu
         share[async_logging] = max(wall, cpu) / step_ms
-        print(f"async_logging={str(async_logging).lower():<5} per step: wall +{wall:6.2f} ms ({100 * wall / step_ms:5.2f} %), "
+        print(f"async_logging={str(async_logging).lower():<5} per step: "
+              f"wall +{wall:6.2f} ms ({100 * wall / step_ms:5.2f} %), "
               f"CPU {cpu:6.2f} ms ({100 * cpu / step_ms:5.2f} %); per run: create+params+end {r['fixed_ms']:6.1f} ms "
               f"({100 * r['fixed_ms'] / run_ms:5.2f} % of {steps} steps)")
     imp, first, forked = stage_process_costs(uri)

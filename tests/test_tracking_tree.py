@@ -166,7 +166,8 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
         ["reports/figures/learning_curves.png"]
     local = c.download_artifacts(parent.info.run_id, "reports/metrics.json", ".")
     assert open(local).read() == '{"lopd": 0.5}\n'
-    assert os.path.realpath(parent.info.artifact_uri.removeprefix("file://")).startswith(os.path.realpath("mlartifacts"))
+    where = os.path.realpath(parent.info.artifact_uri.removeprefix("file://"))
+    assert where.startswith(os.path.realpath("mlartifacts"))  # beside mlflow.db, not ./mlruns
 
 
 def test_tree_check_catches_an_orphan_and_a_missing_report(make_params):
