@@ -176,6 +176,21 @@ def _preload() -> None:
         pass
 
 
+def _open_tracking(root: str) -> None:
+    """Open the MLflow store and find the experiment's parent run once (fork-safe: lopd.tracking
+    drains MLflow's writer threads and closes pooled connections before every fork). Any failure
+    is left to the stages' own trackers, which report it under ``tracking.on_failure``."""
+    try:
+        from pathlib import Path
+
+        from lopd.config import load_params
+        from lopd.tracking import preload
+
+        preload(load_params(Path(root) / "params.yaml"))
+    except Exception:  # noqa: BLE001 - each stage reports its own tracking failure
+        pass
+
+
 def _write_preload_timing(root: str, owner: int, t0: float, cpu: float) -> None:
     """Side file for ``bench/pipeline.sh``: the warm worker's one-time import cost."""
     from pathlib import Path
@@ -245,6 +260,7 @@ def serve(owner: int, root: str) -> None:
         return  # another server for this owner is already up
     t0, cpu0 = time.time(), time.process_time()
     _preload()
+    _open_tracking(root)
     _write_preload_timing(root, owner, t0, time.process_time() - cpu0)
     sock.listen(16)
     sock.settimeout(POLL_S)
