@@ -109,7 +109,12 @@ def load_or_train(params, envs, base_dir: str | None):
 
 def measure(params, model, fmt, envs, splits, n_ret: int, samples: int, seed: int) -> dict:
     """Per domain: the three conditions' summaries, their paired differences, the acceptance checks."""
-    from lopd.stats import paired_diff, summarize
+    from lopd.analysis.stats import paired_t, summarize
+
+    def paired_diff(a, b):  # mean paired difference over tasks with its t interval
+        r = paired_t(a, b)
+        return {"diff_mean": r["diff"], "boot_low": r["ci_low"], "boot_high": r["ci_high"], "p": r["p"]}
+
 
     train, val = splits["train"], splits["val"]
     out: dict = {}
