@@ -31,14 +31,15 @@ def main() -> int:
     import torch
 
     import lopd.training.trainer as trainer_mod
-    from lopd import stages
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
     from lopd.arms import get_arm
     from lopd.config import load_params
     from lopd.training.trainer import HParams, Trainer
 
     params = load_params("params.yaml")
     t0 = time.perf_counter()
-    res = stages.load_resources(params, role="train", need_bank=get_arm(a.arm).context != "none")
+    res = load_resources(params, Paths.for_params("params.yaml"), role="train", need_bank=get_arm(a.arm).context != "none")
     load_s = time.perf_counter() - t0
     bb = res.bb
     cuda = bb.device.type == "cuda"

@@ -22,11 +22,14 @@ except that a finished sequence is never followed by padding.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
 from lopd.envs.base import Episode, Task
+from lopd.envs.sandboxed import SandboxedEpisode
 from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
@@ -74,9 +77,9 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _emit(row: _Row, tok: int, sampled: bool, fmt: ChatFormat) -> None:
+def _emit(row: _Row, tok: int, sampled: bool, fmt: ChatFormat, obs_ids) -> None:
     """Append a token the policy decided (``sampled``) or a forced turn end; when it closes the
-    turn, send the action to the environment and queue its observation."""
+    turn, send the action to the environment and queue its observation (``obs_ids(text)``)."""
     row.seq.append(tok)
     row.gmask.append(1 if sampled else 0)
     row.n_gen += 1
@@ -92,10 +95,23 @@ def _emit(row: _Row, tok: int, sampled: bool, fmt: ChatFormat) -> None:
         return
     obs = res.observation if res.observation is not None else ""
     row.msgs.append(("obs", obs))
-    row.queue += fmt.obs_ids(obs)
+    row.queue += obs_ids(obs)
 
 
-def _append_forced(row: _Row, fmt: ChatFormat, max_len: int, max_new_tokens: int) -> bool:
+@contextmanager
+def _intra_op_threads(model, n: int | None):
+    if n is None or next(model.parameters()).device.type != "cpu" or n == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _append_forced(row: _Row, fmt: ChatFormat, obs_ids, max_len: int, max_new_tokens: int) -> bool:
     """Append every token that needs no model decision; True if the row now waits for one,
     False if it is finished (episode over, or ``max_len`` tokens)."""
     while len(row.seq) < max_len and not row.done:
@@ -105,7 +121,7 @@ def _append_forced(row: _Row, fmt: ChatFormat, max_len: int, max_new_tokens: int
             row.gmask += [0] * k
             del row.queue[:k]
         elif len(row.cur) >= max_new_tokens:
-            _emit(row, fmt.end_id, False, fmt)  # the turn ran out of tokens: close it (not the policy's choice)
+            _emit(row, fmt.end_id, False, fmt, obs_ids)  # the turn ran out of tokens: closed, not the policy's choice
         else:
             return True
     return False
@@ -132,7 +148,8 @@ def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id
 @torch.inference_mode()
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
-                  use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto") -> list[Rollout]:
+                  use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto",
+                  cpu_threads: int | None = 1) -> list[Rollout]:
     """Roll the policy ``model`` out on ``tasks`` (one episode each, at most ``max_len`` tokens,
     at most ``max_new_tokens`` policy tokens per turn).
 
@@ -143,6 +160,11 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     drawn from ``generator``. ``use_cache=False`` recomputes whole sequences every step.
     ``engine``: ``"auto"`` runs the lean :class:`~lopd.fast_decoder.FastDecoder` forward where
     it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
+    ``cpu_threads``: torch's intra-op threads while decoding on a CPU (restored afterwards;
+    ``None`` keeps the caller's). One by default: a decoding step is many tiny operations
+    that splitting across threads only slows down (every split waits for the slowest
+    thread, and on a busy machine that is a whole scheduler time slice), and the other core
+    is left to the sandboxed programs being scored meanwhile.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")
@@ -154,24 +176,28 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
         seeds = seeds_from_generator(len(tasks), generator)
     rows = [_Row(task=t, episode=envs[t.domain].episode(t), seed=seeds[i] if seeds else 0,
                  msgs=[("user", t.prompt)], queue=fmt.prompt_ids(t.prompt)) for i, t in enumerate(tasks)]
-    with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool:
-        scores: dict[int, Future] = {}
+    with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool, _intra_op_threads(model, cpu_threads):
+        scores: dict[int, float | Future] = {}
         _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,
                 temperature=temperature, use_cache=use_cache, engine=engine)
-        rewards = [float(scores[i].result()) for i in range(len(rows))]
+        rewards = [float(scores[i].result() if isinstance(scores[i], Future) else scores[i]) for i in range(len(rows))]
     return [Rollout(task=r.task, messages=r.msgs, ids=r.seq, gen_mask=r.gmask, reward=rewards[i],
                     n_generated=r.n_gen, finished=r.done) for i, r in enumerate(rows)]
 
 
 def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: ThreadPoolExecutor, *, max_new_tokens: int,
             max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str) -> None:
-    """Run every row to its end; a row that finishes is scored in ``pool`` (``scores[i]``)."""
+    """Run every row to its end. A finished row is scored at once into ``scores[i]``: in a
+    ``pool`` thread when its reward runs a sandboxed program (concurrently with decoding),
+    inline otherwise (cheaper than a thread hand-off)."""
     device = next(model.parameters()).device
+    obs_ids = lru_cache(maxsize=None)(fmt.obs_ids)  # observations repeat across rows and turns
 
     def still_running(i: int) -> bool:
-        if _append_forced(rows[i], fmt, max_len, max_new_tokens):
+        if _append_forced(rows[i], fmt, obs_ids, max_len, max_new_tokens):
             return True
-        scores[i] = pool.submit(rows[i].episode.reward)
+        ep = rows[i].episode
+        scores[i] = pool.submit(ep.reward) if isinstance(ep, SandboxedEpisode) else ep.reward()
         return False
 
     live = [i for i in range(len(rows)) if still_running(i)]
@@ -189,7 +215,7 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
         keep = []
         for j, (i, tok) in enumerate(zip(live, tokens)):
             rows[i].fed = len(rows[i].seq)
-            _emit(rows[i], tok, True, fmt)
+            _emit(rows[i], tok, True, fmt, obs_ids)
             if still_running(i):
                 keep.append(j)
         if cache is not None and len(keep) < len(live):
