@@ -25,7 +25,7 @@ setup: $(BIN)/.installed
 # Runs the whole pipeline on the default profile (params.yaml).
 repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
@@ -35,7 +35,7 @@ bench: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python bench/step.py
 
 mlflow-server: $(BIN)/.installed
-	$(BIN)/lopd mlflow-server --port $${PORT:-5000}
+	$(BIN)/mlflow server --backend-store-uri sqlite:///mlflow.db --artifacts-destination ./mlartifacts --host 127.0.0.1 --port $${PORT:-5000}
 
 # BFCL data files only (the bfcl-eval wheel is downloaded, never installed: it downgrades numpy)
 external-data: $(BIN)/.installed

@@ -30,11 +30,11 @@ def main() -> int:
 
     import torch
 
-    import lopd.trainer as trainer_mod
+    import lopd.training.trainer as trainer_mod
     from lopd import stages
     from lopd.arms import get_arm
     from lopd.config import load_params
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     params = load_params("params.yaml")
     t0 = time.perf_counter()

@@ -35,17 +35,17 @@ def _timeit(fn, repeats):
 def timing(repeats: int) -> None:
     import torch
 
-    from lopd import objectives as obj
+    from lopd.training import objectives as obj
     from lopd import stages
     from lopd.arms import ARMS
     from lopd.rollout import collate, rollout_batch
     from lopd.tracking import Tracker
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     p = params()
     res = stages.load_resources(p, role="train")
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
-    tracker = Tracker(p.tracking, "bench-step", {"stage": "bench"})
+    tracker = Tracker(p, "bench-step", {"stage": "bench"})
     tr = Trainer(res, ARMS["lopd"], hp, seed=0, tracker=tracker)
     tr.prime_c0(res.train_tasks)
     bb = res.bb
@@ -113,7 +113,7 @@ def peak_memory_child(arm: str) -> None:
 
     from lopd import stages
     from lopd.arms import ARMS
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     p = params()
     res = stages.load_resources(p, role="train")

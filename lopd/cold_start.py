@@ -14,7 +14,7 @@ is the frozen base model reading the raw text of ``e_1..e_n`` before ``τ`` — 
 retrieved trajectories into the latents (``w = cold_start.distill_weight``). The KL is the
 *forward* direction from the text teacher (mass-covering: the latent teacher must put mass
 wherever the text teacher does), on the text teacher's top-M support plus one tail bucket
-(``cold_start.distill_top_m``), computed by :func:`lopd.objectives.reverse_kl_topm_tail` with the
+(``cold_start.distill_top_m``), computed by :func:`lopd.training.objectives.reverse_kl_topm_tail` with the
 text teacher in the first slot. ``K`` and ``n_ret`` are drawn per batch (``K`` from the search's
 choices, ``n_ret`` from ``1..n_ret_max``) so that φ0 serves every configuration the search may
 pick. The composer starts as a near no-op (zero latents, :mod:`lopd.model.composer`).
@@ -33,14 +33,14 @@ import torch
 from lopd.bank import ExperienceBank
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
-from lopd.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
+from lopd.training.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
 from lopd.rollout import collate, pad_sequences, rollout_batch
 
 
 def text_context(bb, experiences: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Embedded text context (left-padded) and its mask: per task, the retrieved experiences'
     token ids each preceded by the experience header — the ``opsd_text`` teacher's context."""
-    ctx = [[i for e in exps for i in bb.fmt.exp + e] for exps in experiences]
+    ctx = [bb.fmt.join_context(exps) for exps in experiences]
     ids, mask = pad_sequences(ctx, bb.fmt.pad_id, bb.device, left=True)
     with torch.no_grad():
         return bb.embed(ids), mask

@@ -18,7 +18,7 @@ raw text of the relevant trajectories)
   (``Δ(φ)`` of DESIGN §2 restricted to the task; tasks whose rollouts all scored 0 have no
   value). The student's own δ is 0 by definition.
 
-Intervals: two-sided Student-t intervals at ``confidence`` over tasks (``lopd.stats.summarize``),
+Intervals: two-sided Student-t intervals at ``confidence`` over tasks (``lopd.analysis.stats.summarize``),
 of each condition's per-task values and of per-task *paired* differences between conditions.
 
 **Rule** (``premise_holds``), with ``lo(·)`` the lower end of that interval::
@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from lopd.stats import summarize
+from lopd.analysis.stats import summarize
 
 CONDITIONS = ("student", "relevant", "shuffled", "unrelated", "none", "text")
 TEACHERS = CONDITIONS[1:]
@@ -65,7 +65,7 @@ def per_task_delta(rows: list[tuple[str, float, float, float]]) -> dict[str, flo
 def _summary(values: list[float], confidence: float) -> dict:
     if not values:
         return {"n": 0, "mean": math.nan, "ci_low": math.nan, "ci_high": math.nan}
-    s = summarize(values, confidence=confidence, n_boot=200)
+    s = summarize(values, confidence=confidence)
     return {k: s[k] for k in ("n", "mean", "ci_low", "ci_high")}
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from lopd import objectives as obj
+from lopd.training import objectives as obj
 from lopd.arms import ARMS
-from lopd.trainer import HParams, Trainer
+from lopd.training.trainer import HParams, Trainer
 
 
 def _snap(params):
@@ -103,7 +103,6 @@ def test_inactive_adapter_gets_no_gradient(resources):
 def test_merged_student_equals_adapter_forward(resources, workspace):
     """Evaluation folds the student LoRA into the base weights: same logits as the adapter path."""
     from lopd.model.backbone import load_student_policy
-    from lopd.stages import BASE_DIR
 
     bb = resources.bb
     with torch.no_grad():
@@ -113,7 +112,7 @@ def test_merged_student_equals_adapter_forward(resources, workspace):
     ids = torch.tensor([[2, 3, 10, 11, 6, 4, 12, 13]])
     with torch.no_grad():
         want = bb.logits(ids, torch.ones_like(ids), "student")
-        model, _ = load_student_policy(workspace.params(), workspace.root / BASE_DIR, state)
+        model, _ = load_student_policy(workspace.params(), workspace.paths.base, state)
         got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert not torch.allclose(want, bb.logits(ids, torch.ones_like(ids), "teacher"), atol=1e-4)
     assert torch.allclose(want, got, atol=1e-4), (want - got).abs().max()

@@ -43,7 +43,7 @@ def _bank_batch(res, n=16, seed=0):
 
 
 def _teacher_tok(bb, prefix, ids, attn, latent=True):
-    from lopd.objectives import token_logprobs
+    from lopd.training.objectives import token_logprobs
 
     pmask = None if prefix is None else torch.ones(prefix.shape[:2], dtype=torch.long)
     return token_logprobs(bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1], ids[:, 1:])
@@ -156,7 +156,7 @@ def test_distillation_moves_latent_teacher_toward_text_teacher(resources, worksp
 def test_text_context_is_the_opsd_text_teachers(resources, workspace):
     """The cold start's text teacher reads exactly what the opsd_text arm's teacher reads."""
     from lopd.arms import get_arm
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     hp = HParams.from_params(workspace.params(), steps=1)
     tr = Trainer(resources, get_arm("opsd_text"), hp, seed=0)

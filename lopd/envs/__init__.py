@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lopd.envs.base import Env, Episode, StepResult, Task
+from lopd.envs.base import Env, Episode, StepResult, Task, World, WorldConfig
 
 
 def make_env(domain: str, envs_params: Any = None) -> Any:
@@ -14,11 +14,12 @@ def make_env(domain: str, envs_params: Any = None) -> Any:
 
         if envs_params is None:
             return ToolEnv()
-        return ToolEnv(families=list(envs_params.tool_families), max_turns=envs_params.max_turns)
+        return ToolEnv(families=list(envs_params.tool_families), max_turns=envs_params.max_turns,
+                       worlds=WorldConfig.from_params(envs_params))
     if domain == "code":
         from lopd.envs.code import CodeEnv
 
-        return CodeEnv()
+        return CodeEnv(worlds=WorldConfig.from_params(envs_params))
     if domain == "bfcl":
         from lopd.envs.bfcl import BFCLEnv
 
@@ -30,4 +31,4 @@ def make_env(domain: str, envs_params: Any = None) -> Any:
     raise ValueError(f"unknown domain {domain!r}; known: tool, code, bfcl, humaneval")
 
 
-__all__ = ["Env", "Episode", "StepResult", "Task", "make_env"]
+__all__ = ["Env", "Episode", "StepResult", "Task", "World", "WorldConfig", "make_env"]

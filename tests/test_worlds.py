@@ -1,0 +1,237 @@
+"""Worlds: seeded, shared by the splits (tasks disjoint), conventions hidden from prompts,
+revealed by a successful trajectory, and load-bearing for the reward."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lopd.config import deep_merge, parse_params, read_yaml_mapping
+from lopd.data import SPLITS, generate_splits
+from lopd.envs import WorldConfig, make_env
+from lopd.envs.base import Task
+from lopd.envs.code import TAILS, CodeEnv
+from lopd.envs.tool import FAMILIES, ORDERS, ToolEnv, run_actions
+from tests.conftest import default_params  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _params(profile: str | None = None):
+    raw = read_yaml_mapping(REPO / "params.yaml")
+    if profile:
+        raw = deep_merge(raw, read_yaml_mapping(REPO / profile))
+    return parse_params(raw)
+
+
+@pytest.fixture(scope="module", params=[None, "profiles/null-world.yaml"], ids=["default", "null-world"])
+def profile_splits(request):
+    p = _params(request.param)
+    return p, generate_splits(p.envs)
+
+
+def _phrase_in(phrase: str, text: str) -> bool:
+    """Whether the words of ``phrase`` occur contiguously among the words of ``text``."""
+    p, w = phrase.split(), text.split()
+    return any(w[i:i + len(p)] == p for i in range(len(w) - len(p) + 1))
+
+
+def _conv_phrases(task) -> list[str]:
+    """The strings that spell the task's conventions (argument order is not a string)."""
+    return [v for k, v in task.spec["conventions"].items() if k != "order"]
+
+
+# ----------------------------------------------------------------- seeded worlds
+
+
+@pytest.mark.parametrize("cls", [ToolEnv, CodeEnv])
+def test_worlds_seeded_and_deterministic(cls):
+    p = _params()
+    a, b = make_env(cls.domain, p.envs), make_env(cls.domain, p.envs)
+    assert a.worlds == b.worlds
+    other = make_env(cls.domain, default_params({"envs": {**p.envs.model_dump(), "seed": p.envs.seed + 1}}).envs)
+    assert [w.conventions for w in a.worlds["target"]] != [w.conventions for w in other.worlds["target"]]
+    assert len(a.worlds["target"]) == p.envs.n_target_worlds
+    assert len(a.worlds["pretrain"]) == p.envs.n_pretrain_worlds
+    names = [w.name for pool in a.worlds.values() for w in pool]
+    assert len(set(names)) == len(names)  # target and pretraining worlds are disjoint
+    # the split seeds do not change the worlds: one world set for train, val and test
+    assert a.generate(1, 8)[0].world == a.generate(2, 8)[0].world
+
+
+def test_conventions_draw_from_n_options():
+    for n in (2, 3, 4):
+        env = ToolEnv(worlds=WorldConfig(n_options=n, n_pretrain=200))
+        for w in env.worlds["target"] + env.worlds["pretrain"]:
+            fam = FAMILIES[w.family]
+            for slot, value in w.conventions:
+                options = ORDERS if slot == "order" else fam.pools[slot][:n]
+                assert value in options
+        seen = Counter(w.conv["op"] for w in env.worlds["pretrain"] if w.family == "bank")
+        assert set(seen) == set(FAMILIES["bank"].pools["op"][:n])  # every option is used
+
+
+def test_splits_share_target_worlds_and_are_disjoint_by_task(profile_splits):
+    p, splits = profile_splits
+    ids = {s: {t.task_id for t in splits[s]} for s in SPLITS}
+    assert not (ids["train"] & ids["val"] or ids["train"] & ids["test"] or ids["val"] & ids["test"])
+    for domain in p.envs.domains:
+        target = {w.name for w in make_env(domain, p.envs).worlds["target"]}
+        for s in SPLITS:
+            assert {t.world for t in splits[s] if t.domain == domain} == target, (domain, s)
+
+
+def test_world_is_named_in_prompt(profile_splits):
+    _, splits = profile_splits
+    for s in SPLITS:
+        for t in splits[s]:
+            assert t.world in t.prompt.split(), t.prompt
+
+
+# ----------------------------------------------------------------- hidden conventions
+
+
+def test_no_convention_string_in_any_prompt(profile_splits):
+    """Every prompt of every split, against its own conventions and against every option any
+    world could draw (so no prompt can even hint at which option holds)."""
+    p, splits = profile_splits
+    options = {d: make_env(d, p.envs).convention_words() for d in p.envs.domains}
+    checked = 0
+    for s in SPLITS:
+        for t in splits[s]:
+            for phrase in _conv_phrases(t):
+                assert not _phrase_in(phrase, t.prompt), (t.task_id, phrase, t.prompt)
+            assert not set(t.prompt.split()) & set(options[t.domain]), t.prompt
+            if t.domain == "code":
+                assert not any(_phrase_in(x, t.prompt) for x in TAILS), t.prompt
+            checked += 1
+    assert checked == sum(len(splits[s]) for s in SPLITS) > 0
+
+
+def test_same_world_same_conventions_default_fresh_in_null_world():
+    for profile, shared in ((None, True), ("profiles/null-world.yaml", False)):
+        p = _params(profile)
+        tasks = generate_splits(p.envs)["train"]
+        by_world: dict[str, set] = {}
+        for t in tasks:
+            by_world.setdefault(t.world, set()).add(tuple(sorted(t.spec["conventions"].items())))
+        if shared:
+            assert all(len(c) == 1 for c in by_world.values())
+        else:  # the null world: a world's tasks disagree about its conventions
+            assert sum(len(c) > 1 for c in by_world.values()) == len(by_world)
+
+
+def test_null_world_keeps_pretraining_worlds():
+    """The base policy is pretrained on the same worlds either way (it stays a reader)."""
+    a, b = _params(), _params("profiles/null-world.yaml")
+    assert b.envs.null_world and not a.envs.null_world
+    for d in a.envs.domains:
+        ea, eb = make_env(d, a.envs), make_env(d, b.envs)
+        assert ea.worlds == eb.worlds
+        assert [t.to_json() for t in ea.generate(9, 20, pool="pretrain")] == \
+               [t.to_json() for t in eb.generate(9, 20, pool="pretrain")]
+
+
+# ----------------------------------------------------------------- experience reveals, conventions matter
+
+
+def test_successful_trajectory_reveals_tool_conventions():
+    env = make_env("tool", _params().envs)
+    tasks = env.generate(3, 64)
+    for t in tasks:
+        msgs, r = run_actions(env, t, env.solve(t))
+        assert r == 1.0
+        actions = [a.split() for role, a in msgs if role == "assistant"]
+        c = t.spec["conventions"]
+        assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], c["close"]]
+        op = next(a for a in actions if a[0] == c["op"])
+        assert op[-1] == c["unit"]
+        fam = FAMILIES[t.family]
+        a, b = fam.op_args(t.spec)
+        assert op[1:3] == ([a, b] if c["order"] == "fwd" else [b, a])
+        # and a same-world task is solved with the same tool names and unit
+        peer = next(u for u in tasks if u.world == t.world and u.task_id != t.task_id)
+        assert peer.spec["conventions"] == c
+
+
+def test_successful_solution_reveals_code_tail():
+    env = make_env("code", _params().envs)
+    for t in env.generate(3, 32):
+        sol = env.solve(t)[0]
+        assert sol.endswith(") " + t.spec["conventions"]["tail"])
+
+
+def _wrong(options: list[str], right: str) -> list[str]:
+    return [o for o in options if o != right]
+
+
+def test_wrong_tool_convention_lowers_reward():
+    env = make_env("tool", _params().envs)
+    n = env.world_cfg.n_options
+    for t in env.generate(4, 32):
+        c = t.spec["conventions"]
+        right = env.solve(t)
+        _, r = run_actions(env, t, right)
+        assert r == 1.0
+        for slot in ("prereq", "op", "close", "unit", "order"):
+            opts = ORDERS if slot == "order" else FAMILIES[t.family].pools[slot][:n]
+            for other in _wrong(opts, c[slot]):
+                bad = dict(t.spec, conventions={**c, slot: other})
+                wrong_actions = FAMILIES[t.family].solve(bad)
+                if wrong_actions == right:  # (swapping identical arguments changes nothing)
+                    continue
+                _, rw = run_actions(env, t, wrong_actions)
+                assert rw < 1.0, (t.task_id, slot, other, wrong_actions)
+
+
+def test_wrong_code_tail_fails():
+    from lopd.envs.code import _trusted_passes
+
+    env = make_env("code", _params().envs)
+    for t in env.generate(4, 40):
+        s = t.spec
+        assert _trusted_passes(s["solution"], s["inputs"], s["expected"])
+        for other in _wrong(TAILS, s["conventions"]["tail"]):
+            wrong = s["solution"][: -len(s["conventions"]["tail"])] + other
+            assert not _trusted_passes(wrong, s["inputs"], s["expected"]), (t.task_id, wrong)
+
+
+def test_wrong_code_tail_fails_in_sandbox():
+    env = make_env("code", _params().envs)
+    t = env.generate(5, 1)[0]
+    tail = t.spec["conventions"]["tail"]
+    wrong = t.spec["solution"][: -len(tail)] + _wrong(TAILS, tail)[0]
+    for action, want in ((t.spec["solution"], 1.0), (wrong, 0.0)):
+        ep = env.episode(t)
+        ep.step(action)
+        assert ep.reward() == want
+
+
+def test_base_pretraining_uses_pretraining_worlds_only():
+    from lopd.base_policy import pretraining_demos, pretraining_seed, trajectory
+    from lopd.evaluate import make_envs
+
+    p = parse_params(deep_merge(read_yaml_mapping(REPO / "params.yaml"),
+                                {"envs": {"n_pretrain_worlds": 8}, "base": {"tasks_per_world": 4, "demos_per_task": 2}}))
+    envs = make_envs(p)
+    demos = pretraining_demos(envs, p.base, p.envs.seed)
+    assert len(demos) == 2 * 4 * 8 * len(envs)
+    pre = {w.name: d for d, e in envs.items() for w in e.worlds["pretrain"]}
+    tasks = {t.task_id: t for i, e in enumerate(envs.values())
+             for t in e.generate(pretraining_seed(p.envs.seed, i), 8 * 4, pool="pretrain")}
+    sizes = Counter()
+    for demo in demos:
+        t = tasks[demo.task_id]
+        assert t.world in pre and demo.messages[0] == ("user", t.prompt)
+        sizes[len(demo.context)] += 1
+        assert len(set(demo.context_task_ids)) == len(demo.context_task_ids)
+        for cid, ctx in zip(demo.context_task_ids, demo.context):  # same world, another task, a success
+            u = tasks[cid]
+            assert cid != t.task_id and u.world == t.world
+            env = envs[u.domain]
+            assert ctx == trajectory(env, u, env.solve(u))
+            if env.max_turns > 1:
+                assert run_actions(env, u, env.solve(u))[1] == 1.0
+    assert set(sizes) == set(range(len(p.base.context_probs)))
