@@ -23,9 +23,10 @@ score 0 and value 0, which scales every attention output by ``Z/(Z + n_ret·K)``
 of the real tokens' ``exp`` scores). The deviation from the teacher without context therefore
 grows with ``n_ret·K``; ``tests/test_premise.py`` states and checks the tolerance. Why a gate and
 not a zero-initialised ``Proj``: Adam's first update moves every weight by ``±lr``, which turns a
-zero ``Proj`` into latents as large as token embeddings in one step (measured: the cold start's
-teacher NLL jumped from 0.17 to 4.5 after step 1), while a zero gate grows by at most ``lr`` per
-step, so the latents' scale ramps up smoothly. Only ``g`` receives gradient at the very first
+zero ``Proj`` into large latents in one step, while a zero gate grows by at most ``lr`` per step,
+so the latents' scale ramps up smoothly (measured on the default profile, teacher NLL of 48 bank
+trajectories at K=4, n_ret=2 after one cold-start step at lr 0.003: 0.132 → 0.965 with a zero
+``Proj``, 0.132 → 0.173 with the zero gate). Only ``g`` receives gradient at the very first
 step; every part of φ receives gradient once ``g ≠ 0``.
 
 φ = the ``composer`` LoRA weights + this block's weights. The block holds ``k_max`` queries
