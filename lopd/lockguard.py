@@ -15,7 +15,7 @@ later ``dvc repro`` / ``dvc status`` fails with "'./dvc.lock' validation failed"
   from its run-cache) each stage whose entry is missing or stale.
 * Stale DVC locks: ``.dvc/tmp/lock`` is an ``flock`` that dies with its process, so a leftover
   file never blocks. ``.dvc/tmp/rwlock`` (JSON) can: the guard removes entries whose PID is
-  dead or now runs another program, and deletes a corrupt (torn) file, but only after taking
+  dead or reused by a later process, and deletes a corrupt (torn) file, but only while holding
   DVC's own locks, so never while a DVC process holds them.
 
 A lock is *complete* when it ends with a newline, parses as a YAML mapping with
@@ -255,17 +255,9 @@ def _flock(path: Path, what: str):
 
 def _pid_started_before(pid: int, t: float) -> bool:
     """Whether process ``pid`` is alive and was started before time ``t`` (so it may hold an entry
-    written at ``t``). Unknown start time: assume it may (never drop a live holder's lock)."""
-    try:
-        import psutil
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+    written at ``t``). In doubt, yes: never drop a live holder's lock."""
+    import psutil  # a DVC dependency
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by its parent

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -261,11 +262,16 @@ def test_a_held_repository_lock_blocks_the_guard_a_leftover_one_does_not(tmp_pat
 
 # ---------------------------------------------------------------- with DVC: a three-stage project
 
-STAGE_PY = """import sys, pathlib
+STAGE_PY = """import os, pathlib, signal, sys
 from lopd.lockguard import snapshot_for_stage
 snapshot_for_stage()
 name, src, dst = sys.argv[1:]
 pathlib.Path(dst).write_text(pathlib.Path(src).read_text() + name + "\\n")
+if os.environ.get("TEAR_AFTER") == name:  # as if DVC were killed half-way through writing this entry
+    lock = pathlib.Path(os.environ["DVC_ROOT"], "dvc.lock")
+    text = lock.read_text()
+    lock.write_text(text[: text.index("md5: ", len(text) // 2) + 10])  # cut inside a hash
+    os.killpg(0, signal.SIGKILL)
 """
 DVC_YAML = "stages:\n" + "".join(
     f"  {n}:\n    cmd: python stage.py {n} {s} {n}.txt\n    deps: [stage.py, {s}]\n    outs: [{n}.txt]\n"
@@ -281,9 +287,9 @@ def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "dvc"), *args], cwd=root, env=_env(), capture_output=True, text=True, timeout=120)
 
 
-def _guarded(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lopd.lockguard", *args], cwd=root, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+def _guarded(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lopd.lockguard", *args], cwd=root, env={**_env(), **env},
+                          capture_output=True, text=True, timeout=120, start_new_session=True)
 
 
 def _ran(out: str) -> list[str]:
@@ -370,3 +376,19 @@ def test_temp_files_of_a_killed_snapshot_are_swept(tmp_path):
     (tmp_path / "dvc.lock").write_text(SAMPLE)
     assert lg.snapshot_lock(tmp_path)
     assert not old.exists() and new.exists()
+
+
+def test_a_repro_killed_while_writing_the_lock_mid_run_recovers(project):
+    """Mid-run: stage b's command cuts dvc.lock inside a hash, as an interrupted rewrite would, and SIGKILLs the
+    whole process group (DVC included); the next guarded repro restores the lock snapshotted when
+    b started and finishes, rerunning b and c only."""
+    (project / "in.txt").write_text("in, v2\n")
+    r = _guarded(project, TEAR_AFTER="b")
+    assert r.returncode == -signal.SIGKILL and _ran(r.stdout) == ["a", "b"], r.stdout + r.stderr
+    assert lg.inspect_lock(project).problem.startswith("cut mid-line")
+    r = _guarded(project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restored the last complete lock" in r.stderr and "when stage 'b' started" in r.stderr
+    assert "'a' didn't change" in r.stdout and _ran(r.stdout) == ["b", "c"], r.stdout
+    assert (project / "c.txt").read_text() == "in, v2\na\nb\nc\n"
+    assert "up to date" in _dvc(project, "status").stdout
