@@ -54,7 +54,7 @@ def main() -> int:
     trainer_mod.collate = counting_collate
     hp = HParams.from_params(params, steps=a.steps + 1, val_every=10**9, checkpoint_every=10**9)
     tr = Trainer(res, get_arm(a.arm), hp, seed=0)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
 
     def sync():
         if cuda:

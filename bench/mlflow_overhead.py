@@ -45,14 +45,15 @@ def measure_step_ms() -> float:
     from _workspace import params, workspace
 
     workspace()
-    from lopd import stages
     from lopd.arms import ARMS
-    from lopd.trainer import HParams, Trainer
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
+    from lopd.training.trainer import HParams, Trainer
 
     p = params()
-    res = stages.load_resources(p, role="train")
+    res = load_resources(p, Paths(Path.cwd()), role="train")
     tr = Trainer(res, ARMS["lopd"], HParams.from_params(p, steps=10_000, val_every=10_000), seed=0)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
     tr.train_step()  # warm-up
     times = []
     for _ in range(3):

@@ -59,7 +59,7 @@ def timing(repeats: int) -> None:
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
     tracker = Tracker(p.tracking, "bench-step", {"stage": "bench"})
     tr = Trainer(res, ARMS["lopd"], hp, seed=0, tracker=tracker)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
     bb = res.bb
     tasks = tr.sample_tasks()
     gen = torch.Generator().manual_seed(0)
@@ -141,7 +141,7 @@ def peak_memory_child(arm: str) -> None:
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
     # SFT on the same batch: force every rollout to count as a success so SFT trains on all of it
     tr = Trainer(res, ARMS[arm], hp, seed=0)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
     cuda = torch.cuda.is_available()
     tr.train_step()  # warm-up: allocator pools, optimiser state
     if cuda:

@@ -78,8 +78,8 @@ def test_the_comparison_catches_a_removed_declaration():
     """The check can fail: drop a declared key or code dep and it is named."""
     keys = {"model": ["lora_r", "hidden_size"], "train": ["steps"]}
     rec = {"stage": "train@lopd-0", "params": ["model.lora_r", "model.hidden_size", "train.steps", "tracking.uri"],
-           "modules": ["lopd/trainer.py", "lopd/cli.py"]}
-    ok = {"params": ["model", "train.steps"], "deps": ["lopd/trainer.py", "lopd/cli.py"]}
+           "modules": ["lopd/training/trainer.py", "lopd/cli.py"]}
+    ok = {"params": ["model", "train.steps"], "deps": ["lopd/training/trainer.py", "lopd/cli.py"]}
     assert compare(rec, ok, keys) == []
     missing_key = {"params": ["model.hidden_size", "train.steps"], "deps": ok["deps"]}
     assert compare(rec, missing_key, keys) == ["train@lopd-0: params key model.lora_r is read but not declared"]
@@ -87,4 +87,4 @@ def test_the_comparison_catches_a_removed_declaration():
     assert compare(rec, extra_key, {**keys, "train": ["steps", "K"]}) == [
         "train@lopd-0: params key train.K is declared but not read"]
     missing_code = {"params": ok["params"], "deps": ["lopd/cli.py"]}
-    assert compare(rec, missing_code, keys) == ["train@lopd-0: module lopd/trainer.py is imported but not declared"]
+    assert compare(rec, missing_code, keys) == ["train@lopd-0: module lopd/training/trainer.py is imported but not declared"]

@@ -408,7 +408,7 @@ def test_the_rerun_after_kills_is_complete_and_leaves_nothing_behind(kill_chain)
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="bug outside this test: base, cold_start and hpo (and its trial runs) never "
-                   "mark the MLflow run of a killed process KILLED; only train does (lopd/stages.py run_arm)")
+                   "mark the MLflow run of a killed process KILLED; only train does (lopd/training/run.py run_arm)")
 def test_no_mlflow_run_is_left_running(kill_chain):
     assert not running_mlflow_runs(kill_chain.repo), running_mlflow_runs(kill_chain.repo)
 

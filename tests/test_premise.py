@@ -161,7 +161,8 @@ def test_text_context_is_the_opsd_text_teachers(resources, workspace):
     hp = HParams.from_params(workspace.params(), steps=1)
     tr = Trainer(resources, get_arm("opsd_text"), hp, seed=0)
     tasks = resources.train_tasks[:4]
-    emb_t, mask_t, *_ = tr.teacher_prefix(tasks)
+    ctx = tr.context.build(tasks)
+    emb_t, mask_t = ctx.prefix, ctx.mask
     emb_c, mask_c = text_context(resources.bb, [tr.experiences_for(t) for t in tasks])
     assert torch.equal(mask_t, mask_c) and torch.equal(emb_t, emb_c)
 

@@ -238,10 +238,16 @@ class Trainer:
             raise BadInput(f"train.tasks_per_step ({hp.tasks_per_step}) must be a multiple of train.group_size "
                            f"({hp.group_size}) for GRPO")
 
-    def _init_phi(self) -> None:
-        """φ's optimiser, created once the context is primed (the learned context exists only then)."""
+    def prepare(self, tasks: list[Task] | None = None) -> None:
+        """Compute ``c_φ0`` of the train tasks (the anchor), then φ's optimiser (the learned context
+        of ``lopd_nocontent`` exists only after that). :meth:`fit` calls it; benches call it alone."""
+        self.context.prime(self.res.train_tasks if tasks is None else tasks)
         self.phi = self.context.phi_params()
         self.opt_phi = torch.optim.AdamW(self.phi, lr=self.hp.lr_composer, weight_decay=0.0) if self.phi else None
+
+    def experiences_for(self, task: Task) -> list[list[int]]:
+        """Token ids of the experiences the teacher of ``task`` reads (the arm's bank mode)."""
+        return self.context.experiences_for(task)
 
     # ------------------------------------------------------------------ one step
     def sample_tasks(self) -> list[Task]:
@@ -359,8 +365,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
         hp = self.hp
-        self.context.prime(self.res.train_tasks)
-        self._init_phi()
+        self.prepare()
         resumed = self.restore() if self.arm.trains else None
         if self.arm.trains and self.step == 0:
             self._record(self._val_row(0))
