@@ -141,6 +141,7 @@ def _dispatch(args) -> int:
         return 0
     paths = Paths.for_params(args.params)
     stage = importlib.import_module(f"lopd.pipeline.{args.cmd.replace('-', '_')}")
+    _check_arm_and_seed(params, args)
     from lopd.lockguard import snapshot_for_stage
 
     snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
@@ -149,17 +150,22 @@ def _dispatch(args) -> int:
     return 0
 
 
-def _run_stage(stage, params, paths, args) -> None:
+def _check_arm_and_seed(params, args) -> None:
+    """Before anything is written: an unknown arm, or a seed outside ``train.seeds``, is bad input."""
+    if args.cmd not in ("train", "evaluate"):
+        return
+    from lopd.arms import get_arm
     from lopd.config import unrecorded
     from lopd.errors import BadInput
 
-    if args.cmd in ("train", "evaluate"):
-        from lopd.arms import get_arm
+    get_arm(args.arm)
+    with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
+        if args.seed not in params.train.seeds:
+            raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}")
 
-        get_arm(args.arm)
-        with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
-            if args.seed not in params.train.seeds:
-                raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}")
+
+def _run_stage(stage, params, paths, args) -> None:
+    if args.cmd in ("train", "evaluate"):
         stage.run(params, paths, args.arm, args.seed)
     elif args.cmd == "hpo":
         stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
@@ -188,12 +194,14 @@ class _timed:
 
         from lopd.utils import write_json
 
+        if exc_type is not None:
+            return  # a failed stage leaves no timing record (nor anything else a rerun could trust)
         ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
         cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(self.ru, ru))
         stage = os.environ.get("DVC_STAGE") or self.cmd
         write_json(self.paths.root / ".lopd" / "timing" / f"{stage.replace('@', '-')}.json",
                    {"stage": stage, "kind": self.cmd, "t_process": float(os.environ.get("LOPD_T0", self.t0)),
-                    "t_work": self.t0, "t_end": time.time(), "cpu_work": cpu, "ok": exc_type is None,
+                    "t_work": self.t0, "t_end": time.time(), "cpu_work": cpu,
                     "warm": os.environ.get("LOPD_IN_WARM") == "1"})
 
 

@@ -111,6 +111,15 @@ class EnvParams(_Section):
     n_options: int = Field(ge=2, le=4)
     null_world: bool
 
+    @model_validator(mode="after")
+    def _world_count(self):
+        from lopd.envs.base import MAX_WORLDS
+
+        if self.n_target_worlds + self.n_pretrain_worlds > MAX_WORLDS:
+            raise ValueError(f"envs.n_target_worlds + envs.n_pretrain_worlds must be <= {MAX_WORLDS} (the number of "
+                             f"two-syllable world names), got {self.n_target_worlds + self.n_pretrain_worlds}")
+        return self
+
     @field_validator("domains")
     @classmethod
     def _nonempty(cls, v):

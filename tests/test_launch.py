@@ -576,7 +576,7 @@ def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
 
     root = tmp_path / "nocommit"
     root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(launch_section(resources={"train": {"num_gpus": 1}})))
+    (root / "params.yaml").write_text(yaml.safe_dump(launch_section(resources={"train": {"num_cpus": 1, "num_gpus": 1}})))
     assert main(["--params", str(root / "params.yaml")]) == 2
     assert "launch.resources needs a `default` entry" in capsys.readouterr().err
     (root / "params.yaml").write_text(yaml.safe_dump(launch_section(max_retries=-1)))

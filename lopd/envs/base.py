@@ -155,17 +155,35 @@ def draw_conventions(rng: random.Random, slots: dict[str, list[str]], n_options:
     return {slot: rng.choice(opts[:n_options]) for slot, opts in slots.items()}
 
 
-def make_worlds(domain: str, prefix: str, families: list[str], slots_of, cfg: WorldConfig) -> dict[str, list[World]]:
+# A world's name is two syllables ("ke ro"): every syllable is seen in pretraining, so a
+# target world's name is made of trained tokens, while the pair itself is new; and with
+# many pretraining worlds, a name is a weak key to memorise conventions by, so pretraining
+# pays for reading them from experience instead.
+SYLLABLES = ["ba", "ke", "di", "fo", "gu", "ha", "ji", "lo", "mu", "ne", "pi", "ro", "sa", "tu", "vo", "ze"]
+MAX_WORLDS = len(SYLLABLES) ** 2
+
+
+def world_names(domain: str, n: int, seed: int) -> list[str]:
+    """``n`` distinct two-syllable names, a seeded draw per domain."""
+    if n > MAX_WORLDS:
+        raise ValueError(f"at most {MAX_WORLDS} worlds per domain, asked for {n}")
+    names = [f"{a} {b}" for a in SYLLABLES for b in SYLLABLES]
+    random.Random(json.dumps([seed, domain, "world-names"])).shuffle(names)
+    return names[:n]
+
+
+def make_worlds(domain: str, families: list[str], slots_of, cfg: WorldConfig) -> dict[str, list[World]]:
     """The target and pretraining worlds of a domain, a pure function of ``cfg`` (not of the
-    split seeds). World ``i`` is named ``<prefix><i>`` and belongs to ``families[i % F]``;
-    target worlds are ``0..n_target-1``, pretraining worlds follow. ``slots_of(family)``
-    gives the family's convention slots and their options."""
+    split seeds). World ``i`` belongs to ``families[i % F]``; target worlds are
+    ``0..n_target-1``, pretraining worlds follow. ``slots_of(family)`` gives the family's
+    convention slots and their options."""
     out: dict[str, list[World]] = {p: [] for p in POOLS}
-    for i in range(cfg.n_target + cfg.n_pretrain):
+    names = world_names(domain, cfg.n_target + cfg.n_pretrain, cfg.seed)
+    for i, name in enumerate(names):
         family = families[i % len(families)]
         conv = draw_conventions(task_rng(cfg.seed, domain, "world", i), slots_of(family), cfg.n_options)
         pool = "target" if i < cfg.n_target else "pretrain"
-        out[pool].append(World(f"{prefix}{i}", domain, family, pool, tuple(sorted(conv.items()))))
+        out[pool].append(World(name, domain, family, pool, tuple(sorted(conv.items()))))
     return out
 
 

@@ -7,10 +7,10 @@ parameters, never the tail; a successful solution in the same world shows it. Ev
 a prompt or a solution comes from a small fixed vocabulary, separated by single spaces (the
 tokenizer is word-level); the solution text is run exactly as written::
 
-    task cw3 scale_shift a 2 b 3   ->  def f ( x ) : return ( x * 2 + 3 ) - 17
-    task cw1 wrap a 4 m 7          ->  def f ( x ) : return ( ( x + 4 ) % 7 ) + 12
-    task cw2 clamp lo 2 hi 9       ->  def f ( x ) : return ( max ( 2 , min ( 9 , x ) ) ) * 11
-    task cw7 parity a 3 b 5        ->  def f ( x ) : return ( 3 if x % 2 == 0 else 5 ) + 15
+    task ke ro scale_shift a 2 b 3   ->  def f ( x ) : return ( x * 2 + 3 ) - 17
+    task ba lo wrap a 4 m 7          ->  def f ( x ) : return ( ( x + 4 ) % 7 ) + 12
+    task ze mu clamp lo 2 hi 9       ->  def f ( x ) : return ( max ( 2 , min ( 9 , x ) ) ) * 11
+    task di fo parity a 3 b 5        ->  def f ( x ) : return ( 3 if x % 2 == 0 else 5 ) + 15
 
 No two tails agree on any integer, so a wrong tail always fails. One turn: the action is the
 program. It is run in :mod:`lopd.sandbox` on hidden inputs and the outputs are compared, in
@@ -24,7 +24,7 @@ import random
 from typing import Any, Callable
 
 from lopd import sandbox
-from lopd.envs.base import POOLS, Task, WorldConfig, make_worlds, task_conventions, task_rng, worlds_summary
+from lopd.envs.base import POOLS, SYLLABLES, Task, WorldConfig, make_worlds, task_conventions, task_rng, worlds_summary
 from lopd.envs.sandboxed import SandboxedEpisode
 
 DIGITS = [str(i) for i in range(10)]
@@ -84,7 +84,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
 # (options in order; a world draws from the first ``n_options``)
 TAILS = ["+ 12", "- 17", "* 11", "+ 15"]
 _TAIL_OPS = {"+": lambda v, k: v + k, "-": lambda v, k: v - k, "*": lambda v, k: v * k}
-WORLD_PREFIX = "cw"
 
 # operator swaps used by the noisy solver (every word stays inside the vocabulary)
 _SWAPS = {"*": "+", "+": "-", "%": "//", "max": "min", "min": "max", "==": "!=", "x": "0"}
@@ -185,7 +184,7 @@ class CodeEnv:
         self.world_cfg = worlds or WorldConfig()
         if not 1 <= self.world_cfg.n_options <= len(TAILS):
             raise ValueError(f"n_options must be in 1..{len(TAILS)}, got {self.world_cfg.n_options}")
-        self.worlds = make_worlds(self.domain, WORLD_PREFIX, names, lambda f: {"tail": TAILS}, self.world_cfg)
+        self.worlds = make_worlds(self.domain, names, lambda f: {"tail": TAILS}, self.world_cfg)
 
     def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
         """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
@@ -237,7 +236,7 @@ class CodeEnv:
     def vocabulary(self) -> list[str]:
         words = {"task", *FAMILIES, *DIGITS, *CODE_WORDS, *_SWAPS, *_SWAPS.values()}
         words.update(w for t in TAILS for w in t.split())
-        words.update(w.name for p in POOLS for w in self.worlds[p])
+        words.update(SYLLABLES)  # world names
         for fam in FAMILIES.values():
             words.update(fam["params"])
         return sorted(words)

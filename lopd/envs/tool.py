@@ -22,8 +22,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from lopd.envs.base import (POOLS, StepResult, Task, World, WorldConfig, make_worlds, task_conventions, task_rng,
-                            worlds_summary)
+from lopd.envs.base import (POOLS, SYLLABLES, StepResult, Task, WorldConfig, make_worlds, task_conventions,
+                            task_rng, worlds_summary)
 
 ITEMS = ["apple", "bolt", "cable", "drill", "glue"]
 USERS = ["ana", "bob", "cy", "dee", "eve"]
@@ -337,7 +337,6 @@ class Ticket(_Family):
 FAMILIES: dict[str, _Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
 _OBS_WORDS = ["ok", "error", "locked", "denied", "mode", "unknown", "room", "unassigned", "args", "unit", "stale"]
 _PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
-WORLD_PREFIX = "tw"
 
 
 class ToolEpisode:
@@ -376,7 +375,7 @@ class ToolEnv:
         self.world_cfg = worlds or WorldConfig()
         if not 1 <= self.world_cfg.n_options <= MAX_OPTIONS:
             raise ValueError(f"n_options must be in 1..{MAX_OPTIONS}, got {self.world_cfg.n_options}")
-        self.worlds = make_worlds(self.domain, WORLD_PREFIX, names, lambda f: FAMILIES[f].slots(), self.world_cfg)
+        self.worlds = make_worlds(self.domain, names, lambda f: FAMILIES[f].slots(), self.world_cfg)
 
     def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
         """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
@@ -436,7 +435,7 @@ class ToolEnv:
         for fam in FAMILIES.values():
             words.update([fam.name, *fam.extra_tools, *fam.args_vocab()])
             words.update(o for opts in fam.pools.values() for o in opts)
-        words.update(w.name for p in POOLS for w in self.worlds[p])
+        words.update(SYLLABLES)  # world names
         return sorted(words)
 
 
