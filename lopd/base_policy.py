@@ -2,16 +2,10 @@
 
 For the tiny default model: build a word-level tokenizer from the environments' vocabulary,
 build a tiny causal LM from a config, and train it from scratch (all weights, next-token
-NLL on the assistant's tokens only) on demonstrations of a scripted solver in the
-**pretraining worlds** — never in the target worlds the splits use, so the base policy
-does not know any target world's conventions. Each demonstration carries, in its text
-context (:meth:`lopd.model.chat.ChatFormat.join_context`, the same rendering the
-``opsd_text`` teacher sees), ``n`` successful trajectories of *other* tasks of the same
-world, ``n`` drawn from ``base.context_probs``: the policy learns to copy a world's
-conventions from experience, and without experience to guess them. The demonstrations are
-imperfect on purpose — each action is corrupted with probability ``base.noise`` and a
-demonstration is truncated with probability ``base.truncate_prob`` — so the base policy
-keeps headroom even when its context shows the conventions.
+NLL on the assistant's tokens only) on demonstrations of a scripted solver on **train**
+tasks. The demonstrations are imperfect on purpose — each action is corrupted with
+probability ``base.noise`` and a demonstration is truncated with probability
+``base.truncate_prob`` — so the base policy has headroom for the methods to improve on.
 
 For a real model (``model.name_or_path`` set) nothing is trained: the stage records the
 model directory's hash.
@@ -20,8 +14,6 @@ model directory's hash.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,78 +24,31 @@ from lopd.model.chat import ChatFormat
 from lopd.training.objectives import sft_loss, token_logprobs
 from lopd.rollout import pad_sequences
 
-Messages = list[tuple[str, str]]
 
-
-@dataclass
-class Demo:
-    """One pretraining sequence: a text context of successful same-world trajectories, then
-    the demonstration the loss is on."""
-
-    context: list[Messages]
-    messages: Messages
-    task_id: str = ""
-    context_task_ids: tuple[str, ...] = ()
-
-
-def trajectory(env, task: Task, actions: list[str]) -> Messages:
-    """The message list of ``actions`` played in ``task`` (single-turn domains are not run:
-    they have no observation to collect)."""
-    if env.max_turns == 1:
-        return [("user", task.prompt), ("assistant", actions[0] if actions else "")]
-    msgs, _ = run_actions(env, task, actions)
-    return msgs
-
-
-def pretraining_seed(envs_seed: int, domain_index: int) -> int:
-    """Generator seed of a domain's pretraining tasks (the splits use ``seed*1000 + 10*s + d``;
-    pretraining task ids carry a ``p`` tag as well, so the two can never collide)."""
-    return envs_seed * 1000 + 500 + domain_index
-
-
-def sample_context_size(rng: random.Random, probs: list[float]) -> int:
-    """``n`` with probability ``probs[n]``."""
-    u, acc = rng.random(), 0.0
-    for n, p in enumerate(probs):
-        acc += p
-        if u < acc:
-            return n
-    return len(probs) - 1
-
-
-def pretraining_demos(envs: dict, bp, envs_seed: int) -> list[Demo]:
-    """``base.demos_per_task`` noisy demonstrations of each of ``base.tasks_per_world`` tasks in
-    every pretraining world of every domain, each after a context of ``n ~ context_probs``
-    clean (successful) trajectories of other tasks of the same world."""
-    rng = random.Random(bp.seed)
-    demos: list[Demo] = []
-    for d_i, (domain, env) in enumerate(envs.items()):
-        n_worlds = len(env.worlds["pretrain"])
-        tasks = env.generate(pretraining_seed(envs_seed, d_i), n_worlds * bp.tasks_per_world, pool="pretrain")
-        by_world: dict[str, list[Task]] = defaultdict(list)
-        for t in tasks:
-            by_world[t.world].append(t)
-        clean = {t.task_id: trajectory(env, t, env.solve(t)) for t in tasks}
-        for t in tasks:
-            peers = [u for u in by_world[t.world] if u.task_id != t.task_id]
-            for _ in range(bp.demos_per_task):
-                n = min(sample_context_size(rng, bp.context_probs), len(peers))
-                chosen = rng.sample(peers, n)
-                context = [clean[u.task_id] for u in chosen]
-                actions = env.solve(t, rng, bp.noise)
-                if actions and rng.random() < bp.truncate_prob:
-                    actions = actions[: rng.randrange(len(actions))] or actions[:1]
-                demos.append(Demo(context, trajectory(env, t, actions), t.task_id, tuple(u.task_id for u in chosen)))
-    rng.shuffle(demos)
+def demonstrations(envs: dict, tasks: list[Task], per_task: int, noise: float, truncate_prob: float,
+                   seed: int) -> list[list[tuple[str, str]]]:
+    """Noisy scripted trajectories (message lists) for ``tasks``."""
+    rng = random.Random(seed)
+    demos = []
+    for t in tasks:
+        env = envs[t.domain]
+        for _ in range(per_task):
+            actions = env.solve(t, rng, noise)
+            if actions and rng.random() < truncate_prob:
+                actions = actions[: rng.randrange(len(actions))] or actions[:1]
+            if env.max_turns == 1:  # single-turn domain: no observation to collect, skip running it
+                msgs = [("user", t.prompt), ("assistant", actions[0] if actions else "")]
+            else:
+                msgs, _ = run_actions(env, t, actions)
+            demos.append(msgs)
     return demos
 
 
-def train_on_demos(model, fmt: ChatFormat, demos: list[Demo], *, steps: int, batch_size: int,
-                   lr: float, seed: int, on_step=None) -> list[float]:
-    """Next-token NLL on the assistant tokens of ``demos`` (never on their contexts); returns
-    the loss per step."""
+def train_on_messages(model, fmt: ChatFormat, demos: list[list[tuple[str, str]]], *, steps: int, batch_size: int,
+                      lr: float, seed: int, on_step=None) -> list[float]:
+    """Next-token NLL on assistant tokens of ``demos``; returns the loss per step."""
     device = next(model.parameters()).device
-    encoded = [fmt.encode_with_context(d.context, d.messages) for d in demos]
+    encoded = [fmt.encode_messages(m) for m in demos]
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
@@ -125,24 +70,6 @@ def train_on_demos(model, fmt: ChatFormat, demos: list[Demo], *, steps: int, bat
             on_step(step, losses[-1])
     model.eval()
     return losses
-
-
-def train_base_policy(params, envs: dict, on_step=None):
-    """Build the tokenizer and the tiny model from ``params`` and pretrain it on
-    :func:`pretraining_demos`; returns ``(model, tokenizer, info)`` (info: number of demos,
-    final loss, number of parameters, the losses)."""
-    from lopd.model.backbone import build_tiny_model, resolve_device
-    from lopd.model.tokenizer import build_tokenizer, env_vocabulary
-
-    bp = params.base
-    tok = build_tokenizer(env_vocabulary(params.envs.domains, params.envs))
-    model = build_tiny_model(params.model, tok, seed=bp.seed).to(resolve_device(params.model))
-    demos = pretraining_demos(envs, bp, params.envs.seed)
-    losses = train_on_demos(model, ChatFormat(tok), demos, steps=bp.steps, batch_size=bp.batch_size, lr=bp.lr,
-                            seed=bp.seed, on_step=on_step)
-    info = {"n_demos": len(demos), "final_loss": losses[-1], "n_params": sum(p.numel() for p in model.parameters()),
-            "losses": losses}
-    return model, tok, info
 
 
 def save_base(model, tokenizer, out_dir: Path) -> None:

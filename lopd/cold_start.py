@@ -40,7 +40,7 @@ from lopd.rollout import collate, pad_sequences, rollout_batch
 def text_context(bb, experiences: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Embedded text context (left-padded) and its mask: per task, the retrieved experiences'
     token ids each preceded by the experience header — the ``opsd_text`` teacher's context."""
-    ctx = [bb.fmt.join_context(exps) for exps in experiences]
+    ctx = [[i for e in exps for i in bb.fmt.exp + e] for exps in experiences]
     ids, mask = pad_sequences(ctx, bb.fmt.pad_id, bb.device, left=True)
     with torch.no_grad():
         return bb.embed(ids), mask

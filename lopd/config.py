@@ -104,22 +104,6 @@ class EnvParams(_Section):
     n_val: int = Field(ge=4)
     n_test: int = Field(ge=4)
     seed: int = Field(ge=0)
-    # worlds (lopd.envs.base.WorldConfig): target worlds shared by train/val/test, disjoint
-    # pretraining worlds for the base policy, options per convention slot, null world
-    n_target_worlds: int = Field(ge=1)
-    n_pretrain_worlds: int = Field(ge=1)
-    n_options: int = Field(ge=2, le=4)
-    null_world: bool
-
-    @model_validator(mode="after")
-    def _world_count(self):
-        from lopd.envs.base import MAX_WORLDS
-
-        if self.n_target_worlds + self.n_pretrain_worlds > MAX_WORLDS:
-            raise ValueError(f"envs.n_target_worlds + envs.n_pretrain_worlds must be <= {MAX_WORLDS} (the number of "
-                             f"two-syllable world names), got {self.n_target_worlds + self.n_pretrain_worlds}")
-        return self
-
     @field_validator("domains")
     @classmethod
     def _nonempty(cls, v):
@@ -136,30 +120,13 @@ class TrackingParams(_Section):
 
 
 class BaseParams(_Section):
-    tasks_per_world: int = Field(ge=2)
     demos_per_task: int = Field(ge=1)
-    # P(n same-world successes in a demo's context) for n = 0, 1, ..., len-1
-    context_probs: list[float]
     noise: float = Field(ge=0.0, le=1.0)
     truncate_prob: float = Field(ge=0.0, le=1.0)
     steps: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0)
     seed: int = Field(ge=0)
-
-    @field_validator("context_probs")
-    @classmethod
-    def _probs(cls, v):
-        if not v or any(p < 0 for p in v) or abs(sum(v) - 1.0) > 1e-6:
-            raise ValueError(f"base.context_probs must be non-negative and sum to 1, got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _context_fits(self):
-        if len(self.context_probs) > self.tasks_per_world:
-            raise ValueError(f"base.context_probs allows {len(self.context_probs) - 1} same-world experiences in a "
-                             f"context; base.tasks_per_world ({self.tasks_per_world}) must exceed that")
-        return self
 
 
 class EvalParams(_Section):

@@ -1,9 +1,7 @@
 """Sealed task splits.
 
-``prepare`` writes ``train``/``val``/``test`` task files (JSON lines, disjoint by task id,
-all in the *target* worlds) and a manifest holding each file's SHA-256 and the worlds
-record (per domain: target and pretraining world names with their families, a hash of
-their conventions, ``null_world``). :class:`SplitReader` is the only way to read
+``prepare`` writes ``train``/``val``/``test`` task files (JSON lines, disjoint by task id)
+and a manifest holding each file's SHA-256. :class:`SplitReader` is the only way to read
 them: it checks the hash against the manifest, and it refuses ``test`` unless it was
 created with the evaluation role. The role is an explicit constructor argument given by
 the stage entry point, not a convention.
@@ -58,22 +56,9 @@ def generate_splits(envs_params) -> dict[str, list[Task]]:
     return out
 
 
-def worlds_record(envs_params) -> dict:
-    """Per world-based domain: the target and pretraining worlds (name -> family) and the
-    SHA-256 of their conventions; plus the world settings."""
-    rec: dict = {"null_world": envs_params.null_world, "n_options": envs_params.n_options, "domains": {}}
-    for domain in envs_params.domains:
-        env = make_env(domain, envs_params)
-        if hasattr(env, "worlds_summary"):
-            rec["domains"][domain] = env.worlds_summary()
-    return rec
-
-
-def write_splits(out_dir: Path, splits: dict[str, list[Task]], worlds: dict | None = None) -> dict:
+def write_splits(out_dir: Path, splits: dict[str, list[Task]]) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict = {"files": {}}
-    if worlds is not None:
-        manifest["worlds"] = worlds
+    manifest = {"files": {}}
     for split, tasks in splits.items():
         path = out_dir / f"{split}.jsonl"
         tmp = path.with_suffix(".tmp")
@@ -124,19 +109,5 @@ class SplitReader:
                 f"{entry['sha256'][:12]}… (rerun prepare: dvc repro -f prepare)"
             )
         tasks = [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-        self._check_worlds(split, tasks)
         ACCESS_LOG.append({"split": split, "role": self.role, "sha256": digest})
         return tasks
-
-    def worlds(self) -> dict:
-        """The manifest's worlds record (empty when the splits were written without one)."""
-        return self.manifest.get("worlds", {}) if isinstance(self.manifest, dict) else {}
-
-    def _check_worlds(self, split: str, tasks: list[Task]) -> None:
-        """Every task of a split must live in a target world of its domain: a pretraining
-        world in a split would let the base policy's training data reach the evaluation."""
-        domains = self.worlds().get("domains", {})
-        for t in tasks:
-            if t.domain in domains and t.world not in domains[t.domain]["target"]:
-                raise BadInput(f"split {split!r}: task {t.task_id} is in world {t.world!r}, which is not a target "
-                               f"world of domain {t.domain!r} in {self.root / 'manifest.json'} (rerun prepare)")

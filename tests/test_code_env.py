@@ -28,10 +28,7 @@ def test_protocol_attributes(env):
 
 
 def test_examples_from_spec():
-    assert reference("scale_shift", {"a": 2, "b": 3}, 4, "+ 12") == 23
-    assert reference("wrap", {"a": 4, "m": 7}, 5, "- 17") == 2 - 17
-    assert reference("clamp", {"lo": 2, "hi": 9}, 12, "* 11") == 99
-    assert reference("parity", {"a": 3, "b": 5}, 7, "+ 15") == 20
+    assert reference("scale_shift", {"a": 2, "b": 3}, 4) == 11
     env = CodeEnv()
     by_family = {}
     for t in env.generate(3, 40):
@@ -39,12 +36,11 @@ def test_examples_from_spec():
     assert set(by_family) == set(FAMILIES)
     for fam, t in by_family.items():
         words = t.prompt.split()
-        assert words[:4] == ["task", *t.world.split(), fam]
+        assert words[:2] == ["task", fam]
         assert " ".join(words) == t.prompt  # single spaces
         sol = env.solve(t)[0]
         assert " ".join(sol.split()) == sol
-        assert sol.startswith("def f ( x ) : return ( ")
-        assert sol.endswith(" ) " + t.spec["conventions"]["tail"])
+        assert sol.startswith("def f ( x ) : return ")
 
 
 def test_determinism_and_unique_ids(env):
@@ -69,7 +65,7 @@ def test_spec_contents(env):
         assert s["family"] == t.family
         assert len(s["inputs"]) == 6 and len(set(s["inputs"])) == 6
         assert all(-5 <= x <= 15 for x in s["inputs"])
-        assert s["expected"] == [reference(t.family, s["params"], x, s["conventions"]["tail"]) for x in s["inputs"]]
+        assert s["expected"] == [reference(t.family, s["params"], x) for x in s["inputs"]]
         assert all(0 <= v <= 9 for v in s["params"].values())
         if t.family == "clamp":
             assert s["params"]["lo"] < s["params"]["hi"]
@@ -131,9 +127,7 @@ def test_vocabulary_covers_everything(env):
         for _ in range(3):
             words |= set(env.solve(t, rng, noise=1.0)[0].split())
         assert words <= vocab, words - vocab
-    syllables = {s for pool in env.worlds.values() for w in pool for s in w.name.split()}
-    assert syllables <= vocab
-    assert len(vocab - syllables) < 70
+    assert len(vocab) < 60
 
 
 def test_step_twice_raises(env):

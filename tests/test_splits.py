@@ -7,6 +7,7 @@ import json
 import pytest
 
 from lopd import data as data_mod
+from lopd.config import parse_params
 from lopd.data import SPLITS, SplitReader, generate_splits, sha256_file, write_splits
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
@@ -174,62 +175,3 @@ def test_stage_prepare_writes_under_the_root_not_the_cwd(tmp_path, monkeypatch, 
     assert (tmp_path / "data" / "splits" / "manifest.json").exists()
     assert {s: m["files"][s]["n"] for s in SPLITS} == {s: 2 * n for s, n in COUNTS.items()}
     assert SplitReader(tmp_path / "data" / "splits", role="evaluate").load("test")
-
-
-# ----------------------------------------------------------------- worlds
-
-
-@pytest.fixture()
-def world_root(tmp_path, params):
-    d = tmp_path / "splits_w"
-    write_splits(d, generate_splits(params.envs), data_mod.worlds_record(params.envs))
-    return d
-
-
-def test_manifest_records_worlds(world_root, params):
-    from lopd.envs import make_env
-
-    rec = json.loads((world_root / "manifest.json").read_text())["worlds"]
-    assert rec["null_world"] is False and rec["n_options"] == params.envs.n_options
-    assert set(rec["domains"]) == set(params.envs.domains)
-    for d in params.envs.domains:
-        env = make_env(d, params.envs)
-        r = rec["domains"][d]
-        assert r["target"] == {w.name: w.family for w in env.worlds["target"]}
-        assert r["pretrain"] == {w.name: w.family for w in env.worlds["pretrain"]}
-        assert not set(r["target"]) & set(r["pretrain"])
-        assert len(r["conventions_sha256"]) == 64
-    # the conventions themselves are pinned by hash, not printed
-    text = (world_root / "manifest.json").read_text()
-    assert "conventions\"" not in text.replace("conventions_sha256\"", "")
-    assert SplitReader(world_root, role="train").worlds() == rec
-
-
-def test_reader_refuses_a_task_outside_the_target_worlds(world_root, params):
-    """A task of a pretraining world in a split would leak the base policy's data into evaluation."""
-    from lopd.envs import make_env
-
-    pre = make_env("tool", params.envs).worlds["pretrain"][0].name
-    path = world_root / "train.jsonl"
-    lines = path.read_text().splitlines()
-    row = json.loads(next(line for line in lines if '"domain": "tool"' in line))
-    row["world"] = pre
-    path.write_text("\n".join([json.dumps(row, sort_keys=True)] + lines[1:]) + "\n")
-    manifest = json.loads((world_root / "manifest.json").read_text())
-    manifest["files"]["train"]["sha256"] = sha256_file(path)  # a consistent but wrong prepare
-    (world_root / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(BadInput, match="not a target world"):
-        SplitReader(world_root, role="train").load("train")
-    assert SplitReader(world_root, role="train").load("val")
-
-
-def test_splits_cover_every_target_world(params):
-    from lopd.envs import make_env
-
-    splits = generate_splits(params.envs)
-    for d in params.envs.domains:
-        names = [w.name for w in make_env(d, params.envs).worlds["target"]]
-        for s in SPLITS:
-            got = [t.world for t in splits[s] if t.domain == d]
-            assert set(got) <= set(names)
-            assert got == [names[i % len(names)] for i in range(len(got))]  # round-robin

@@ -157,39 +157,3 @@ def test_experience_ids_drop_bos(reloaded):
     ids, _ = fmt.encode_messages(msgs)
     assert fmt.experience_ids(msgs) == ids[1:]
     assert fmt.context_ids([msgs, msgs]) == (fmt.exp + ids[1:]) * 2
-
-
-def test_join_context_is_the_one_rendering(reloaded):
-    """Base pretraining, the opsd_text teacher and context rollouts share join_context: each
-    experience is <|exp|> + its trajectory without <|bos|>; the task's own trajectory follows."""
-    fmt = ChatFormat(reloaded)
-    e1 = [("user", "bank : send 3 to ana"), ("assistant", "auth")]
-    e2 = [("user", "bank : send 4 to bob"), ("assistant", "pay bob 4")]
-    task = [("user", "bank : send 5 to cy"), ("assistant", "auth")]
-    ex = [fmt.experience_ids(e) for e in (e1, e2)]
-    assert fmt.join_context(ex) == fmt.exp + ex[0] + fmt.exp + ex[1]
-    assert fmt.context_ids([e1, e2]) == fmt.join_context(ex)
-    assert fmt.join_context([]) == []
-    ids, mask = fmt.encode_with_context([e1, e2], task)
-    own, own_mask = fmt.encode_messages(task)
-    n = len(fmt.join_context(ex))
-    assert ids == fmt.join_context(ex) + own and ids[n:n + 1] == fmt.bos
-    assert mask == [0] * n + own_mask  # the context is never supervised
-    assert fmt.encode_with_context([], task) == (own, own_mask)
-
-
-def test_world_names_use_a_fixed_vocabulary():
-    """World names are syllable pairs: the vocabulary (and so the tokenizer) does not depend on
-    how many worlds there are, and every syllable of a target world's name is a known word."""
-    from tests.conftest import default_params
-    from lopd.envs import make_env
-    from lopd.envs.base import SYLLABLES
-
-    small = default_params({"envs": {"n_target_worlds": 3, "n_pretrain_worlds": 5}})
-    big = default_params({"envs": {"n_target_worlds": 16, "n_pretrain_worlds": 240}})
-    words = env_vocabulary(["tool", "code"], small.envs)
-    assert words == env_vocabulary(["tool", "code"], big.envs)
-    assert set(SYLLABLES) <= set(words)
-    for d in ("tool", "code"):
-        for w in make_env(d, big.envs).worlds["target"]:
-            assert len(w.name.split()) == 2 and set(w.name.split()) <= set(SYLLABLES)

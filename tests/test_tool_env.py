@@ -57,19 +57,15 @@ def test_unique_task_ids_across_seeds(env):
 
 def test_every_family_generated_round_robin(env, tasks):
     assert {t.family for t in tasks} == set(FAMILIES) == {"inventory", "bank", "thermo", "ticket"}
-    worlds = {w.name: w for w in env.worlds["target"]}
-    for i, t in enumerate(tasks):
+    for t in tasks:
         assert t.domain == "tool"
         assert t.task_id.split("/")[1] == t.family
-        assert t.world == env.worlds["target"][i % len(worlds)].name
-        assert worlds[t.world].family == t.family
-        assert t.prompt.startswith(f"{t.world} {t.family} : ")
+        assert t.prompt.startswith(f"{t.family} : ")
 
 
 def test_family_subset(env):
     sub = ToolEnv(families=["bank", "ticket"])
     assert {t.family for t in sub.generate(3, 10)} == {"bank", "ticket"}
-    assert {w.family for w in sub.worlds["target"] + sub.worlds["pretrain"]} == {"bank", "ticket"}
     with pytest.raises(ValueError, match="unknown tool families"):
         ToolEnv(families=["nope"])
 
@@ -101,17 +97,6 @@ def test_noisy_solve_deterministic_given_rng(env, tasks):
 # ----------------------------------------------------------------- solutions and rules
 
 
-def _c(t):
-    return t.spec["conventions"]
-
-
-def _op(t, a, b):
-    """The operation call of ``t`` on prompt-order arguments (a, b) in the world's conventions."""
-    c = _c(t)
-    x, y = (a, b) if c["order"] == "fwd" else (b, a)
-    return f"{c['op']} {x} {y} {c['unit']}"
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_scripted_solution_scores_one(env, tasks, family):
     for t in _by_family(tasks, family):
@@ -123,93 +108,81 @@ def test_scripted_solution_scores_one(env, tasks, family):
 
 def test_scripted_solution_observations(env):
     t = next(t for t in env.generate(1, 8) if t.family == "inventory")
-    c = _c(t)
     msgs, r = run_actions(env, t, env.solve(t))
     item = t.spec["item"]
-    assert msgs[1:] == [("assistant", f"{c['prereq']} {item}"), ("obs", f"{item} has {t.spec['current']}"),
-                        ("assistant", _op(t, item, t.spec["qty"])), ("obs", "ok"),
-                        ("assistant", c["close"])]
+    assert msgs[1:] == [("assistant", f"lookup {item}"), ("obs", f"{item} has {t.spec['current']}"),
+                        ("assistant", f"set {item} {t.spec['qty']}"), ("obs", "ok"),
+                        ("assistant", "commit")]
     assert r == 1.0
 
 
-def test_inventory_op_before_prereq(env, tasks):
+def test_inventory_set_before_lookup(env, tasks):
+    checked = 0
     for t in _by_family(tasks, "inventory"):
         item, q = t.spec["item"], t.spec["qty"]
         ep = env.episode(t)
-        assert ep.step(_op(t, item, q)).observation == "error locked"
-        ep.step(_c(t)["close"])
-        assert ep.reward() == pytest.approx(1 / 3)  # closed; neither prerequisite nor goal
-        _, r = run_actions(env, t, [_op(t, item, q), f"{_c(t)['prereq']} {item}", _c(t)["close"]])
-        assert r == pytest.approx(2 / 3)
+        assert ep.step(f"set {item} {q}").observation == "error locked"
+        ep.step("commit")
+        if t.spec["current"] != q:  # (when the stock already equals the goal the set is moot)
+            assert ep.reward() == 0.5
+            msgs, r = run_actions(env, t, [f"set {item} {q}", f"lookup {item}", "commit"])
+            assert r == 0.5
+            checked += 1
+    assert checked > 20
 
 
-def test_bank_op_before_prereq(env, tasks):
+def test_bank_pay_before_auth(env, tasks):
     for t in _by_family(tasks, "bank"):
-        u, a, c = t.spec["user"], t.spec["amount"], _c(t)
+        u, a = t.spec["user"], t.spec["amount"]
         ep = env.episode(t)
-        assert ep.step(_op(t, u, a)).observation == "error denied"
-        assert ep.step(c["prereq"]).observation == "ok"
-        assert ep.step(c["close"]).done
-        assert ep.reward() == pytest.approx(2 / 3)
+        assert ep.step(f"pay {u} {a}").observation == "error denied"
+        assert ep.step("auth").observation == "ok"
+        assert ep.step("logout").done
+        assert ep.reward() == 0.5
         # paying twice overshoots the goal
-        _, r = run_actions(env, t, [c["prereq"], _op(t, u, a), _op(t, u, a), c["close"]])
-        assert r == pytest.approx(2 / 3)
+        _, r = run_actions(env, t, ["auth", f"pay {u} {a}", f"pay {u} {a}", "logout"])
+        assert r == 0.5
 
 
-def test_thermo_wrong_mode_room_or_no_read(env, tasks):
+def test_thermo_wrong_mode(env, tasks):
     for t in _by_family(tasks, "thermo"):
-        s, c = t.spec, _c(t)
+        s = t.spec
         right = "heat" if s["target"] > s["current"] else "cool"
         wrong = "cool" if right == "heat" else "heat"
         ep = env.episode(t)
-        ep.step(f"{c['prereq']} {s['room']}")
+        ep.step(f"read {s['room']}")
         ep.step(f"mode {wrong}")
-        assert ep.step(_op(t, s["room"], s["target"])).observation == "error mode"
-        ep.step(c["close"])
-        assert ep.reward() == pytest.approx(2 / 3)
-        # no reading first: refused even with the right mode
-        ep = env.episode(t)
-        ep.step(f"mode {right}")
-        assert ep.step(_op(t, s["room"], s["target"])).observation == "error stale"
+        assert ep.step(f"temp {s['room']} {s['target']}").observation == "error mode"
+        ep.step("save")
+        assert ep.reward() == 0.5
+        # no mode at all
+        _, r = run_actions(env, t, [f"temp {s['room']} {s['target']}", "save"])
+        assert r == 0.5
         # wrong room
         other = 1 + (s["room"] % 5)
         ep = env.episode(t)
         ep.step(f"mode {right}")
-        assert ep.step(_op(t, other, s["target"])).observation == "error room"
+        assert ep.step(f"temp {other} {s['target']}").observation == "error room"
 
 
 def test_thermo_read_reveals_current(env, tasks):
     for t in _by_family(tasks, "thermo")[:10]:
         ep = env.episode(t)
-        obs = ep.step(f"{_c(t)['prereq']} {t.spec['room']}").observation
-        assert obs == f"room {t.spec['room']} is {t.spec['current']}"
+        assert ep.step(f"read {t.spec['room']}").observation == f"room {t.spec['room']} is {t.spec['current']}"
 
 
-def test_ticket_op_before_prereq(env, tasks):
+def test_ticket_assign_before_find(env, tasks):
     for t in _by_family(tasks, "ticket"):
-        i, a, c = t.spec["ticket"], t.spec["agent"], _c(t)
+        i, a = t.spec["ticket"], t.spec["agent"]
         ep = env.episode(t)
-        assert ep.step(_op(t, i, a)).observation == "error unknown"
-        res = ep.step(f"{c['close']} {i}")
+        assert ep.step(f"assign {i} {a}").observation == "error unknown"
+        res = ep.step(f"close {i}")
         assert res.done
         assert ep.reward() == 0.0
         # wrong agent
         wrong = next(x for x in ("kim", "lee", "max", "ned") if x != a)
-        _, r = run_actions(env, t, [f"{c['prereq']} {i}", _op(t, i, wrong), f"{c['close']} {i}"])
-        assert r == pytest.approx(2 / 3)
-
-
-def test_wrong_unit_and_swapped_arguments(env, tasks):
-    for t in tasks:
-        c, fam = _c(t), FAMILIES[t.family]
-        a, b = fam.op_args(t.spec)
-        ep = env.episode(t)
-        x, y = (a, b) if c["order"] == "fwd" else (b, a)
-        wrong_unit = next(u for u in fam.pools["unit"] if u != c["unit"])
-        assert ep.step(f"{c['op']} {x} {y} {wrong_unit}").observation == "error unit"
-        assert env.episode(t).step(f"{c['op']} {x} {y}").observation == "error args"
-        if t.family != "thermo":  # (two digits there: swapped, they address the wrong room)
-            assert env.episode(t).step(f"{c['op']} {y} {x} {c['unit']}").observation == "error args"
+        _, r = run_actions(env, t, [f"find {i}", f"assign {i} {wrong}", f"close {i}"])
+        assert r == 0.5
 
 
 @pytest.mark.parametrize("actions", [[], [""], ["   "], ["hello world"], ["lookup"], ["pay 1 2 3 4"],
@@ -217,9 +190,10 @@ def test_wrong_unit_and_swapped_arguments(env, tasks):
 def test_empty_or_garbage_actions_score_low(env, tasks, actions):
     for t in tasks[:40]:
         _, r = run_actions(env, t, actions)
-        # none of these actions is valid in any world (the goal is never already met), so
-        # nothing changes and no check holds
-        assert r == 0.0, (t.task_id, actions, r)
+        # none of these actions is valid, so nothing changes; only an inventory task whose stock
+        # already equals the goal gets its (un-committed) goal check for free
+        trivial = t.family == "inventory" and t.spec["current"] == t.spec["qty"]
+        assert r == (0.5 if trivial else 0.0), (t.task_id, actions, r)
 
 
 def test_garbage_observation_is_error(env, tasks):
@@ -236,7 +210,7 @@ def test_reward_in_unit_interval(env, tasks):
             _, r = run_actions(env, t, env.solve(t, rng=rng, noise=noise))
             assert 0.0 <= r <= 1.0
             seen.add(r)
-    assert {0.0, 1 / 3, 2 / 3, 1.0} <= seen
+    assert {0.0, 0.5, 1.0} <= seen
 
 
 def test_episode_ends_at_max_turns(tasks):
@@ -268,12 +242,13 @@ def test_closing_tool_ends_episode(env, tasks):
 
 def test_run_actions_stops_at_done(env, tasks):
     t = _by_family(tasks, "bank")[0]
-    msgs, r = run_actions(env, t, env.solve(t) + [_c(t)["prereq"], _op(t, "ana", 1)])
+    msgs, r = run_actions(env, t, env.solve(t) + ["auth", "pay ana 1"])
     assert r == 1.0
     assert sum(role == "assistant" for role, _ in msgs) == 3
 
 
 def test_make_env_uses_params():
+    from lopd.config import parse_params
 
     p = default_params({"envs": {"tool_families": ["thermo"], "max_turns": 2}})
     env = make_env("tool", p.envs)
@@ -284,19 +259,22 @@ def test_make_env_uses_params():
 # ----------------------------------------------------------------- hidden information
 
 
-def test_prompt_never_names_a_tool_or_unit(env, tasks):
-    hidden = set(env.convention_words()) | {"mode", "heat", "cool"}
+def test_prompt_never_names_hidden_prerequisite(env, tasks):
+    hidden = {"inventory": {"lookup", "commit"}, "bank": {"auth", "pay", "logout"},
+              "thermo": {"read", "mode", "heat", "cool", "temp", "save"}, "ticket": {"find", "assign", "close"}}
     for t in tasks:
         words = set(t.prompt.split())
-        assert not (words & hidden), (t.prompt, words & hidden)
-        assert "current" not in t.prompt  # nor the hidden current state
+        assert not (words & hidden[t.family]), (t.prompt, words & hidden[t.family])
+        # nor the hidden current state
+        if t.family in ("inventory", "thermo"):
+            assert "current" not in t.prompt
+    inv = _by_family(tasks, "inventory")[0]
+    assert "lookup" not in inv.prompt and "auth" not in _by_family(tasks, "bank")[0].prompt
 
 
 def test_prompt_states_the_goal(env, tasks):
     for t in tasks:
         s, w = t.spec, t.prompt.split()
-        assert w[:4] == [*t.world.split(), t.family, ":"]
-        w = w[2:]  # the checks below index from the family name
         if t.family == "inventory":
             assert w[2:] == ["set", s["item"], "to", str(s["qty"])]
         elif t.family == "bank":

@@ -53,14 +53,13 @@ def random_policy(arch: str = "qwen3", seed: int = 0):
 def trained_backbone(steps: int = 60):
     """A tiny qwen3 trained briefly on scripted demonstrations, wrapped in the LoRA backbone
     with a random (non-zero) student adapter, in student mode."""
-    from lopd.base_policy import pretraining_demos, train_on_demos
+    from lopd.base_policy import demonstrations, train_on_messages
     from lopd.model.backbone import Backbone
 
     p = params()
     model, fmt = random_policy("qwen3", seed=1)
-    bp = p.base.model_copy(update={"noise": 0.2, "truncate_prob": 0.0, "demos_per_task": 1, "tasks_per_world": 2})
-    demos = pretraining_demos(envs(), bp, p.envs.seed)
-    train_on_demos(model, fmt, demos, steps=steps, batch_size=16, lr=3e-3, seed=0)
+    demos = demonstrations(envs(), tasks(24, 24, seed=3), per_task=2, noise=0.2, truncate_prob=0.0, seed=0)
+    train_on_messages(model, fmt, demos, steps=steps, batch_size=16, lr=3e-3, seed=0)
     torch.manual_seed(0)
     bb = Backbone(model, tokenizer(), p.model)
     with torch.no_grad():

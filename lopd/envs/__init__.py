@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lopd.envs.base import Env, Episode, StepResult, Task, World, WorldConfig
+from lopd.envs.base import Env, Episode, StepResult, Task
 
 
 def make_env(domain: str, envs_params: Any = None) -> Any:
@@ -14,12 +14,11 @@ def make_env(domain: str, envs_params: Any = None) -> Any:
 
         if envs_params is None:
             return ToolEnv()
-        return ToolEnv(families=list(envs_params.tool_families), max_turns=envs_params.max_turns,
-                       worlds=WorldConfig.from_params(envs_params))
+        return ToolEnv(families=list(envs_params.tool_families), max_turns=envs_params.max_turns)
     if domain == "code":
         from lopd.envs.code import CodeEnv
 
-        return CodeEnv(worlds=WorldConfig.from_params(envs_params))
+        return CodeEnv()
     if domain == "bfcl":
         from lopd.envs.bfcl import BFCLEnv
 
@@ -31,4 +30,4 @@ def make_env(domain: str, envs_params: Any = None) -> Any:
     raise ValueError(f"unknown domain {domain!r}; known: tool, code, bfcl, humaneval")
 
 
-__all__ = ["Env", "Episode", "StepResult", "Task", "World", "WorldConfig", "make_env"]
+__all__ = ["Env", "Episode", "StepResult", "Task", "make_env"]

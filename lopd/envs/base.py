@@ -25,8 +25,7 @@ class Task:
 
     ``task_id`` is unique across all domains (``"<domain>/<family>/<index>"``); ``family`` is
     the environment family (tool) or task family (code) — retrieval precision is measured
-    against it. ``world`` names the world the task lives in (see :class:`World`). ``spec`` is
-    hidden from the policy; it holds the conventions the verifier applies.
+    against it. ``spec`` is hidden from the policy.
     """
 
     task_id: str
@@ -34,7 +33,6 @@ class Task:
     family: str
     prompt: str
     spec: dict[str, Any] = field(default_factory=dict)
-    world: str = ""  # the world's name (it appears in the prompt); its conventions live in ``spec``
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,11 +63,7 @@ class Env(Protocol):
     domain: str
     max_turns: int
 
-    def generate(self, seed: int, n: int) -> list[Task]:
-        """``n`` tasks from generator ``seed``; the world-based domains (tool, code) also take
-        ``pool='target'|'pretrain'`` and offer ``worlds``, ``convention_words()`` and
-        ``worlds_summary()``."""
-        ...
+    def generate(self, seed: int, n: int) -> list[Task]: ...
 
     def episode(self, task: Task) -> Episode: ...
 
@@ -103,103 +97,3 @@ def task_rng(seed: int, *parts: object) -> random.Random:
     """A private RNG for one (seed, parts...) key, independent of global state."""
     key = json.dumps([seed, *[str(p) for p in parts]])
     return random.Random(key)
-
-
-# --------------------------------------------------------------------------- worlds
-POOLS = ("target", "pretrain")
-
-
-@dataclass(frozen=True)
-class WorldConfig:
-    """How a domain's worlds are drawn (the ``envs`` params that concern worlds).
-
-    ``n_target`` worlds are shared by train/val/test; ``n_pretrain`` disjoint worlds are used
-    only to pretrain the base policy; each convention slot draws from its first ``n_options``
-    options. With ``null_world`` every *target* task draws its conventions afresh (so
-    same-world experience says nothing about it); pretraining worlds are unaffected, so the
-    base policy is the same reader of context either way.
-    """
-
-    n_target: int = 8
-    n_pretrain: int = 64
-    n_options: int = 3
-    null_world: bool = False
-    seed: int = 1234
-
-    @classmethod
-    def from_params(cls, envs_params: Any) -> "WorldConfig":
-        if envs_params is None:
-            return cls()
-        return cls(n_target=envs_params.n_target_worlds, n_pretrain=envs_params.n_pretrain_worlds,
-                   n_options=envs_params.n_options, null_world=envs_params.null_world, seed=envs_params.seed)
-
-
-@dataclass(frozen=True)
-class World:
-    """A seeded instance of a family: its name (shown in prompts) and its hidden conventions
-    (slot -> chosen option; shown only by what a successful trajectory does)."""
-
-    name: str
-    domain: str
-    family: str
-    pool: str
-    conventions: tuple[tuple[str, str], ...]
-
-    @property
-    def conv(self) -> dict[str, str]:
-        return dict(self.conventions)
-
-
-def draw_conventions(rng: random.Random, slots: dict[str, list[str]], n_options: int) -> dict[str, str]:
-    """One option per slot, uniformly from the slot's first ``n_options`` options."""
-    return {slot: rng.choice(opts[:n_options]) for slot, opts in slots.items()}
-
-
-# A world's name is two syllables ("ke ro"): every syllable is seen in pretraining, so a
-# target world's name is made of trained tokens, while the pair itself is new; and with
-# many pretraining worlds, a name is a weak key to memorise conventions by, so pretraining
-# pays for reading them from experience instead.
-SYLLABLES = ["ba", "ke", "di", "fo", "gu", "ha", "ji", "lo", "mu", "ne", "pi", "ro", "sa", "tu", "vo", "ze"]
-MAX_WORLDS = len(SYLLABLES) ** 2
-
-
-def world_names(domain: str, n: int, seed: int) -> list[str]:
-    """``n`` distinct two-syllable names, a seeded draw per domain."""
-    if n > MAX_WORLDS:
-        raise ValueError(f"at most {MAX_WORLDS} worlds per domain, asked for {n}")
-    names = [f"{a} {b}" for a in SYLLABLES for b in SYLLABLES]
-    random.Random(json.dumps([seed, domain, "world-names"])).shuffle(names)
-    return names[:n]
-
-
-def make_worlds(domain: str, families: list[str], slots_of, cfg: WorldConfig) -> dict[str, list[World]]:
-    """The target and pretraining worlds of a domain, a pure function of ``cfg`` (not of the
-    split seeds). World ``i`` belongs to ``families[i % F]``; target worlds are
-    ``0..n_target-1``, pretraining worlds follow. ``slots_of(family)`` gives the family's
-    convention slots and their options."""
-    out: dict[str, list[World]] = {p: [] for p in POOLS}
-    names = world_names(domain, cfg.n_target + cfg.n_pretrain, cfg.seed)
-    for i, name in enumerate(names):
-        family = families[i % len(families)]
-        conv = draw_conventions(task_rng(cfg.seed, domain, "world", i), slots_of(family), cfg.n_options)
-        pool = "target" if i < cfg.n_target else "pretrain"
-        out[pool].append(World(name, domain, family, pool, tuple(sorted(conv.items()))))
-    return out
-
-
-def task_conventions(world: World, cfg: WorldConfig, slots: dict[str, list[str]], seed: int, i: int) -> dict[str, str]:
-    """The conventions task ``i`` (of generator ``seed``) is verified against: its world's,
-    or — in the null world, for target tasks — a fresh draw from the task's own RNG."""
-    if cfg.null_world and world.pool == "target":
-        return draw_conventions(task_rng(seed, world.domain, "null-conventions", i), slots, cfg.n_options)
-    return world.conv
-
-
-def worlds_summary(worlds: dict[str, list[World]]) -> dict:
-    """A JSON record of a domain's worlds: names and families per pool, and a SHA-256 of the
-    conventions (so the manifest pins them without printing them)."""
-    import hashlib
-
-    conv = json.dumps({w.name: w.conventions for p in POOLS for w in worlds[p]}, sort_keys=True)
-    return {p: {w.name: w.family for w in worlds[p]} for p in POOLS} | {
-        "conventions_sha256": hashlib.sha256(conv.encode()).hexdigest()}

@@ -1,21 +1,19 @@
 """Program synthesis: write a one-line Python function ``f`` from a parametrised task.
 
-Each task lives in a *world* (a seeded instance of a task family, see
-:func:`lopd.envs.base.make_worlds`) whose hidden convention is a *tail*: an operator and a
-constant applied to the family's expression. The prompt names the world and the family's
-parameters, never the tail; a successful solution in the same world shows it. Every word of
-a prompt or a solution comes from a small fixed vocabulary, separated by single spaces (the
-tokenizer is word-level); the solution text is run exactly as written::
+Task families share their solution structure (only the digits change), so a retrieved
+success of the same family shows the shape of the answer. Every word of a prompt or a
+solution comes from a small fixed vocabulary: family names, parameter names, the digits
+0-9 and a handful of Python tokens, all separated by single spaces (the tokenizer is
+word-level); the solution text is run exactly as written (Python accepts the spaces)::
 
-    task ke ro scale_shift a 2 b 3   ->  def f ( x ) : return ( x * 2 + 3 ) - 17
-    task ba lo wrap a 4 m 7          ->  def f ( x ) : return ( ( x + 4 ) % 7 ) + 12
-    task ze mu clamp lo 2 hi 9       ->  def f ( x ) : return ( max ( 2 , min ( 9 , x ) ) ) * 11
-    task di fo parity a 3 b 5        ->  def f ( x ) : return ( 3 if x % 2 == 0 else 5 ) + 15
+    task scale_shift a 2 b 3   ->  def f ( x ) : return x * 2 + 3
+    task wrap a 4 m 7          ->  def f ( x ) : return ( x + 4 ) % 7
+    task clamp lo 2 hi 9       ->  def f ( x ) : return max ( 2 , min ( 9 , x ) )
+    task parity a 3 b 5        ->  def f ( x ) : return 3 if x % 2 == 0 else 5
 
-No two tails agree on any integer, so a wrong tail always fails. One turn: the action is the
-program. It is run in :mod:`lopd.sandbox` on hidden inputs and the outputs are compared, in
-this process, with a pure-Python reference; the reward is 1.0 when every output matches
-exactly (same type and value) and 0.0 otherwise.
+One turn: the action is the program. It is run in :mod:`lopd.sandbox` on hidden inputs and
+the outputs are compared, in this process, with a pure-Python reference; the reward is 1.0
+when every output matches exactly (same type and value) and 0.0 otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import random
 from typing import Any, Callable
 
 from lopd import sandbox
-from lopd.envs.base import POOLS, SYLLABLES, Task, WorldConfig, make_worlds, task_conventions, task_rng, worlds_summary
+from lopd.envs.base import Task, task_rng
 from lopd.envs.sandboxed import SandboxedEpisode
 
 DIGITS = [str(i) for i in range(10)]
@@ -56,34 +54,29 @@ def _sample_parity(rng: random.Random) -> _Params:
 FAMILIES: dict[str, dict[str, Any]] = {
     "scale_shift": {
         "params": ("a", "b"),
-        "template": "x * {a} + {b}",
+        "template": "def f ( x ) : return x * {a} + {b}",
         "ref": lambda p, x: x * p["a"] + p["b"],
         "sample": _sample_scale_shift,
     },
     "wrap": {
         "params": ("a", "m"),
-        "template": "( x + {a} ) % {m}",
+        "template": "def f ( x ) : return ( x + {a} ) % {m}",
         "ref": lambda p, x: (x + p["a"]) % p["m"],
         "sample": _sample_wrap,
     },
     "clamp": {
         "params": ("lo", "hi"),
-        "template": "max ( {lo} , min ( {hi} , x ) )",
+        "template": "def f ( x ) : return max ( {lo} , min ( {hi} , x ) )",
         "ref": lambda p, x: max(p["lo"], min(p["hi"], x)),
         "sample": _sample_clamp,
     },
     "parity": {
         "params": ("a", "b"),
-        "template": "{a} if x % 2 == 0 else {b}",
+        "template": "def f ( x ) : return {a} if x % 2 == 0 else {b}",
         "ref": lambda p, x: p["a"] if x % 2 == 0 else p["b"],
         "sample": _sample_parity,
     },
 }
-
-# the world convention: an operator and a constant applied to the family's expression
-# (options in order; a world draws from the first ``n_options``)
-TAILS = ["+ 12", "- 17", "* 11", "+ 15"]
-_TAIL_OPS = {"+": lambda v, k: v + k, "-": lambda v, k: v - k, "*": lambda v, k: v * k}
 
 # operator swaps used by the noisy solver (every word stays inside the vocabulary)
 _SWAPS = {"*": "+", "+": "-", "%": "//", "max": "min", "min": "max", "==": "!=", "x": "0"}
@@ -92,13 +85,12 @@ CODE_WORDS = ["def", "f", "(", "x", ")", ":", "return", "*", "+", "%", "max", ",
               "if", "==", "else", "-", "//", "!="]
 
 
-def solution_text(family: str, params: _Params, tail: str) -> str:
-    return f"def f ( x ) : return ( {FAMILIES[family]['template'].format(**params)} ) {tail}"
+def solution_text(family: str, params: _Params) -> str:
+    return FAMILIES[family]["template"].format(**params)
 
 
-def reference(family: str, params: _Params, x: int, tail: str) -> int:
-    op, k = tail.split()
-    return _TAIL_OPS[op](FAMILIES[family]["ref"](params, x), int(k))
+def reference(family: str, params: _Params, x: int) -> int:
+    return FAMILIES[family]["ref"](params, x)
 
 
 def _sample_inputs(rng: random.Random) -> list[int]:
@@ -174,40 +166,34 @@ class CodeEnv:
     domain = "code"
     max_turns = 1
 
-    def __init__(self, families: list[str] | None = None, timeout_s: float = 2.0, worlds: WorldConfig | None = None):
+    def __init__(self, families: list[str] | None = None, timeout_s: float = 2.0):
         names = families or list(FAMILIES)
         unknown = [n for n in names if n not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown code families {unknown}; known: {sorted(FAMILIES)}")
         self.families = names
         self.timeout_s = timeout_s
-        self.world_cfg = worlds or WorldConfig()
-        if not 1 <= self.world_cfg.n_options <= len(TAILS):
-            raise ValueError(f"n_options must be in 1..{len(TAILS)}, got {self.world_cfg.n_options}")
-        self.worlds = make_worlds(self.domain, names, lambda f: {"tail": TAILS}, self.world_cfg)
 
-    def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
-        """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
-        if pool not in POOLS:
-            raise ValueError(f"unknown world pool {pool!r}; known: {POOLS}")
-        worlds = self.worlds[pool]
+    def generate(self, seed: int, n: int) -> list[Task]:
         tasks = []
         for i in range(n):
-            rng = task_rng(seed, "code", pool, i) if pool != "target" else task_rng(seed, "code", i)
-            world = worlds[i % len(worlds)]
-            family = world.family
+            rng = task_rng(seed, "code", i)
+            family = self.families[i % len(self.families)]
             fam = FAMILIES[family]
             params = fam["sample"](rng)
             inputs = _sample_inputs(rng)
-            conv = task_conventions(world, self.world_cfg, {"tail": TAILS}, seed, i)
-            expected = [reference(family, params, x, conv["tail"]) for x in inputs]
-            prompt = " ".join(["task", world.name, family] + [f"{k} {params[k]}" for k in fam["params"]])
-            tag = "" if pool == "target" else "p"
-            tasks.append(Task(
-                task_id=f"code/{family}/{tag}{seed}-{i:05d}", domain=self.domain, family=family, prompt=prompt,
-                spec={"family": family, "params": params, "inputs": inputs, "expected": expected, "conventions": conv,
-                      "solution": solution_text(family, params, conv["tail"])},
-                world=world.name))
+            expected = [reference(family, params, x) for x in inputs]
+            prompt = " ".join(["task", family] + [f"{k} {params[k]}" for k in fam["params"]])
+            tasks.append(
+                Task(
+                    task_id=f"code/{family}/{seed}-{i:05d}",
+                    domain=self.domain,
+                    family=family,
+                    prompt=prompt,
+                    spec={"family": family, "params": params, "inputs": inputs,
+                          "expected": expected, "solution": solution_text(family, params)},
+                )
+            )
         return tasks
 
     def episode(self, task: Task) -> CodeEpisode:
@@ -215,7 +201,7 @@ class CodeEnv:
 
     def solve(self, task: Task, rng: random.Random | None = None, noise: float = 0.0) -> list[str]:
         spec = task.spec
-        text = spec["solution"]
+        text = solution_text(spec["family"], spec["params"])
         if noise <= 0 or rng is None or rng.random() >= noise:
             return [text]
         bad = text
@@ -225,18 +211,8 @@ class CodeEnv:
                 break
         return [bad]
 
-    def convention_words(self) -> list[str]:
-        """The tails' constants: the words that only experience can reveal (their operators
-        are ordinary code words)."""
-        return sorted({t.split()[1] for t in TAILS})
-
-    def worlds_summary(self) -> dict:
-        return worlds_summary(self.worlds)
-
     def vocabulary(self) -> list[str]:
         words = {"task", *FAMILIES, *DIGITS, *CODE_WORDS, *_SWAPS, *_SWAPS.values()}
-        words.update(w for t in TAILS for w in t.split())
-        words.update(SYLLABLES)  # world names
         for fam in FAMILIES.values():
             words.update(fam["params"])
         return sorted(words)

@@ -11,22 +11,30 @@ from lopd.pipeline.common import splits_read, write_side
 from lopd.utils import write_json
 
 
-def _train_tiny(params: Params, paths: Paths, envs, tracker) -> tuple:
-    """Pretrain the tiny model on the pretraining worlds (never on a split)."""
-    from lopd.base_policy import save_base, train_base_policy
+def _train_tiny(params: Params, paths: Paths, envs, train, tracker) -> tuple:
+    from lopd.base_policy import demonstrations, save_base, train_on_messages
+    from lopd.model.backbone import build_tiny_model, resolve_device
+    from lopd.model.chat import ChatFormat
+    from lopd.model.tokenizer import build_tokenizer, env_vocabulary
     from lopd.utils import progress
 
+    bp = params.base
+    tok = build_tokenizer(env_vocabulary(params.envs.domains, params.envs))
+    model = build_tiny_model(params.model, tok, seed=bp.seed).to(resolve_device(params.model))
+    demos = demonstrations(envs, train, bp.demos_per_task, bp.noise, bp.truncate_prob, bp.seed)
     with progress() as prog:
-        bar = prog.add_task("base policy", total=params.base.steps, info="")
+        bar = prog.add_task("base policy", total=bp.steps, info="")
 
         def on_step(step, loss):
             prog.update(bar, advance=1, info=f"loss {loss:.3f}")
             tracker.log_metrics({"train_loss": loss}, step)
 
-        model, tok, info = train_base_policy(params, envs, on_step=on_step)
+        losses = train_on_messages(model, ChatFormat(tok), demos, steps=bp.steps, batch_size=bp.batch_size, lr=bp.lr,
+                                   seed=bp.seed, on_step=on_step)
     save_base(model, tok, paths.base / "model")
-    return model, tok, {"trained": True, "n_demos": info["n_demos"], "final_loss": info["final_loss"],
-                        "n_params": info["n_params"]}
+    info = {"trained": True, "n_demos": len(demos), "final_loss": losses[-1],
+            "n_params": sum(p.numel() for p in model.parameters())}
+    return model, tok, info
 
 
 def _fingerprint_real(params: Params, paths: Paths) -> tuple:
@@ -51,7 +59,8 @@ def run(params: Params, paths: Paths) -> dict:
 
     bp = params.base
     seed_everything(bp.seed, params.model.torch_threads)
-    val = data_mod.SplitReader(paths.splits, role="base").load("val")  # pretraining uses no split
+    reader = data_mod.SplitReader(paths.splits, role="base")
+    train, val = reader.load("train"), reader.load("val")
     envs = make_envs(params)
     tracker = Tracker(params, "base", {"stage": "base", "arm": "base", "seed": bp.seed, "split": "train",
                                                 "params_hash": params.section_hash("model", "envs", "base"),
@@ -60,7 +69,7 @@ def run(params: Params, paths: Paths) -> dict:
     if params.model.name_or_path:
         model, tok, info = _fingerprint_real(params, paths)
     else:
-        model, tok, info = _train_tiny(params, paths, envs, tracker)
+        model, tok, info = _train_tiny(params, paths, envs, train, tracker)
     ev = params.evaluate
     res = evaluate_policy(model, ChatFormat(tok), envs, val, max_new_tokens=ev.max_new_tokens,
                           max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,

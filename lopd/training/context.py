@@ -89,7 +89,7 @@ class ContextBuilder:
     def _text(self, tasks: list[Task]) -> TeacherContext:
         from lopd.rollout import pad_sequences
 
-        ctx = [self.bb.fmt.join_context(self.experiences_for(t)) for t in tasks]
+        ctx = [[i for e in self.experiences_for(t) for i in self.bb.fmt.exp + e] for t in tasks]
         ids, mask = pad_sequences(ctx, self.bb.fmt.pad_id, self.bb.device, left=True)
         with torch.no_grad():
             emb = self.bb.embed(ids)
