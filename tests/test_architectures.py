@@ -74,7 +74,7 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     res.task_emb = dict(zip([t.task_id for t in tasks], embed_tasks("backbone", bb, tasks)))
     hp = HParams.from_params(params, steps=2, tasks_per_step=4, val_every=2, val_tasks=4, checkpoint_every=2)
     tr = Trainer(res, get_arm("lopd"), hp, seed=0)
-    tr.prime_c0(tasks)
+    tr.prepare(tasks)
     before = {k: v.clone() for k, v in bb.adapter_state("student").items()}
     phi_before = [p.detach().clone() for p in tr.phi]
     for _ in range(2):
