@@ -107,7 +107,8 @@ class PrefixedPolicy(nn.Module):
         dev = emb.device
         real = mask4[:, 0, :, 1:].any(-1)  # (B, W) the caller's real columns (padding sees slot 0 only)
         pmask = self.prefix_mask.to(dev).bool()
-        rows = [torch.cat([self.prefix[i].to(device=dev, dtype=emb.dtype)[pmask[i]], emb[i][real[i]]]) for i in range(B)]
+        prefix = self.prefix.to(device=dev, dtype=emb.dtype)
+        rows = [torch.cat([prefix[i][pmask[i]], emb[i][real[i]]]) for i in range(B)]
         n_new = torch.tensor([len(r) for r in rows], dtype=torch.long, device=dev)
         width = int(n_new.max())
         out = emb.new_zeros(B, width, emb.shape[-1])
