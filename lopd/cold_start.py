@@ -145,21 +145,24 @@ def _masked_sums(delta: torch.Tensor, mask: torch.Tensor) -> tuple[list[float], 
 
 
 @torch.no_grad()
-def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int, crn_seed: int, rollout_kw: dict,
+def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int, seed: int, rollout_kw: dict,
                 rewards: dict, deltas: dict) -> None:
-    """One batch of one sample index: every condition rolled out with the same sampling seed, and
-    every teacher's δ on the student's rollouts; appends rows to ``rewards`` and ``deltas``."""
+    """One batch of one sample index: every condition rolled out with the same sampling seeds
+    (row seed = ``sample_seed(seed, task, sample)``: common random numbers), and every teacher's δ
+    on the student's rollouts; appends rows to ``rewards`` and ``deltas``."""
+    from lopd.evaluate import sample_seed
+
+    seeds = [sample_seed(seed, t.task_id, sample) for t in tasks]
     bb.model.eval()
     bb.mode("student")
-    stud = rollout_batch(bb.model, bb.fmt, envs, tasks, generator=torch.Generator().manual_seed(crn_seed), **rollout_kw)
+    stud = rollout_batch(bb.model, bb.fmt, envs, tasks, seeds=seeds, **rollout_kw)
     rewards["student"] += [(r.task.task_id, r.reward) for r in stud]
     ids, attn, gm = collate(stud, bb.fmt.pad_id, bb.device)
     s_tok = token_logprobs(bb.logits(ids, attn, "student")[:, :-1], ids[:, 1:])
     for cond in deltas:
         prefix, pmask, latent = condition_prefix(bb, comp, bank, task_emb, tasks, cond, K=K, n_ret=n_ret, seed=sample)
         policy = PrefixedPolicy(bb.model, prefix, pmask, latent=latent, prepare=lambda: bb.mode("teacher"))
-        rolls = rollout_batch(policy, bb.fmt, envs, tasks, generator=torch.Generator().manual_seed(crn_seed),
-                              **rollout_kw)
+        rolls = rollout_batch(policy, bb.fmt, envs, tasks, seeds=seeds, **rollout_kw)
         rewards[cond] += [(r.task.task_id, r.reward) for r in rolls]
         t_tok = token_logprobs(bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1], ids[:, 1:])
         dsum, n = _masked_sums(token_delta(t_tok, s_tok), gm)
@@ -179,9 +182,8 @@ def privilege_probe(bb, comp: Composer, bank: ExperienceBank, tasks, envs, task_
     deltas: dict = {c: [] for c in TEACHERS}
     for s in range(pp.samples_per_task):
         for b0 in range(0, len(tasks), ev.batch_size):
-            crn_seed = pp.seed * 1_000_003 + s * 10_007 + b0  # same seed for every condition
             probe_batch(bb, comp, bank, envs, task_emb, tasks[b0:b0 + ev.batch_size], K=K, n_ret=n_ret, sample=s,
-                        crn_seed=crn_seed, rollout_kw=rollout_kw, rewards=rewards, deltas=deltas)
+                        seed=pp.seed, rollout_kw=rollout_kw, rewards=rewards, deltas=deltas)
             if progress is not None:
                 progress()
     reward = compare({c: per_task_reward(v) for c, v in rewards.items()}, REWARD_PAIRS, pp.confidence)

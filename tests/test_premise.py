@@ -74,30 +74,72 @@ def test_fresh_latents_are_zero_and_almost_a_noop(resources):
     assert devs[1.0] > 2 * devs[0.0], devs
 
 
+def _engine_calls(pol, rows: list[list[int]], cuts: list[int], pad_id: int) -> list[torch.Tensor]:
+    """Drive ``pol`` as lopd.rollout does: two left-padded chunks per row (the first ``cuts[i]``
+    tokens, then the rest) through a RaggedKVCache with the cache's own plan; logits per row."""
+    from lopd.kv_cache import RaggedKVCache
+
+    cache = RaggedKVCache(len(rows), 200, torch.device("cpu"))
+    got: list[list[torch.Tensor]] = [[] for _ in rows]
+    for chunks in ([r[:c] for r, c in zip(rows, cuts)], [r[c:] for r, c in zip(rows, cuts)]):
+        width = max(len(c) for c in chunks)
+        ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in chunks])
+        n_new = torch.tensor([len(c) for c in chunks])
+        pos, mask = cache.plan(n_new, width)
+        logits = pol(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits
+        cache.commit()
+        for i, c in enumerate(chunks):
+            got[i].append(logits[i, width - len(c):])
+    return [torch.cat(g) for g in got]
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("latent", [True, False], ids=["latent-prefix", "text-prefix"])
 def test_prefixed_policy_matches_teacher_logits(resources, latent):
+    """Through the rollout engine's cache protocol, the wrapped teacher gives the logits of
+    Backbone.teacher_logits at every position (text: with a left-padded row)."""
     bb = resources.bb
     _, ids, attn, _ = _bank_batch(resources, n=3)
-    ids, attn = ids[:, :20], attn[:, :20]
+    rows = [ids[i, : min(int(attn[i].sum()), 30)].tolist() for i in range(3)]
     torch.manual_seed(1)
     prefix = torch.randn(3, 5, bb.hidden_size) * 0.5
     pmask = torch.ones(3, 5, dtype=torch.long)
-    pmask[0, :2] = 0  # a left-padded row
-    ref = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)
+    if not latent:
+        pmask[0, :2] = 0  # a left-padded text context
+    else:
+        with pytest.raises(ValueError, match="latent prefix"):
+            PrefixedPolicy(bb.model, prefix, pmask.masked_fill(torch.arange(5) < 2, 0), latent=True)
     pol = PrefixedPolicy(bb.model, prefix, pmask, latent=latent, prepare=lambda: bb.mode("teacher"))
     bb.mode("student")  # the policy must switch the shared backbone to the teacher itself
-    assert torch.allclose(pol(input_ids=ids, attention_mask=attn, use_cache=False).logits, ref, atol=1e-5)
-    from lopd.rollout import _cache_kw
+    got = _engine_calls(pol, rows, cuts=[7, 12, 3], pad_id=bb.fmt.pad_id)
+    for i, r in enumerate(rows):
+        L = int(pmask[i].sum())
+        ref = bb.teacher_logits(prefix[i:i + 1, 5 - L:], pmask[i:i + 1, 5 - L:], torch.tensor([r]),
+                                torch.ones(1, len(r), dtype=torch.long), latent_prefix=latent)[0]
+        assert torch.allclose(got[i], ref, atol=1e-4), (i, float((got[i] - ref).abs().max()))
 
-    kw, past, steps = _cache_kw(pol), None, []
-    for t in range(ids.shape[1]):  # token by token with the KV cache, as a rollout decodes
-        out = pol(input_ids=ids[:, t:t + 1], use_cache=True, **{kw: past})
-        past = getattr(out, kw)
-        steps.append(out.logits)
-    full = torch.cat(steps, 1)
-    real = attn.bool()  # right padding of the reference batch is not part of any sequence
-    assert torch.allclose(full[real], ref[real], atol=1e-4)
+
+def test_prefixed_policy_rollouts_follow_the_conditioned_teacher(resources):
+    """Greedy rollouts of the wrapped teacher pick, at every generated token, the argmax of the
+    teacher conditioned on the same prefix; and the fast decoder (which would skip the prefix)
+    is not used for the wrapper."""
+    from lopd.fast_decoder import FastDecoder
+    from lopd.rollout import collate, rollout_batch
+
+    bb = resources.bb
+    tasks = resources.val_tasks[:6]
+    torch.manual_seed(2)
+    prefix = torch.randn(len(tasks), 4, bb.hidden_size)
+    pol = PrefixedPolicy(bb.model, prefix, prepare=lambda: bb.mode("teacher"))
+    assert FastDecoder.build(pol) is None
+    rolls = rollout_batch(pol, bb.fmt, resources.envs, tasks, max_new_tokens=8, max_len=60, greedy=True)
+    ids, attn, gm = collate(rolls, bb.fmt.pad_id)
+    with torch.no_grad():
+        ref = bb.teacher_logits(prefix, torch.ones(prefix.shape[:2], dtype=torch.long), ids, attn)[:, :-1].argmax(-1)
+    gen = gm > 0
+    assert gen.any() and torch.equal(ref[gen], ids[:, 1:][gen])
+    plain = rollout_batch(bb.model, bb.fmt, resources.envs, tasks, max_new_tokens=8, max_len=60, greedy=True)
+    assert [r.ids for r in plain] != [r.ids for r in rolls], "a random prefix should change some greedy rollout"
 
 
 def test_prefixed_policy_without_prefix_rolls_out_like_the_teacher(resources):
@@ -105,12 +147,12 @@ def test_prefixed_policy_without_prefix_rolls_out_like_the_teacher(resources):
 
     bb = resources.bb
     tasks = resources.val_tasks[:6]
-    kw = dict(max_new_tokens=8, max_len=60, temperature=1.0)
+    kw = dict(max_new_tokens=8, max_len=60, temperature=1.0, seeds=list(range(6)))
     bb.mode("teacher")
-    plain = rollout_batch(bb.model, bb.fmt, resources.envs, tasks, generator=torch.Generator().manual_seed(3), **kw)
+    plain = rollout_batch(bb.model, bb.fmt, resources.envs, tasks, **kw)
     bb.mode("student")
     pol = PrefixedPolicy(bb.model, None, prepare=lambda: bb.mode("teacher"))
-    wrapped = rollout_batch(pol, bb.fmt, resources.envs, tasks, generator=torch.Generator().manual_seed(3), **kw)
+    wrapped = rollout_batch(pol, bb.fmt, resources.envs, tasks, **kw)
     assert [r.ids for r in plain] == [r.ids for r in wrapped]
 
 
@@ -156,15 +198,15 @@ def test_distillation_moves_latent_teacher_toward_text_teacher(resources, worksp
 def test_text_context_is_the_opsd_text_teachers(resources, workspace):
     """The cold start's text teacher reads exactly what the opsd_text arm's teacher reads."""
     from lopd.arms import get_arm
-    from lopd.training.trainer import HParams, Trainer
+    from lopd.training.context import ContextBuilder
+    from lopd.training.trainer import HParams
 
     hp = HParams.from_params(workspace.params(), steps=1)
-    tr = Trainer(resources, get_arm("opsd_text"), hp, seed=0)
+    cb = ContextBuilder(resources, get_arm("opsd_text"), hp, seed=0)
     tasks = resources.train_tasks[:4]
-    ctx = tr.context.build(tasks)
-    emb_t, mask_t = ctx.prefix, ctx.mask
-    emb_c, mask_c = text_context(resources.bb, [tr.experiences_for(t) for t in tasks])
-    assert torch.equal(mask_t, mask_c) and torch.equal(emb_t, emb_c)
+    ctx = cb.build(tasks)
+    emb_c, mask_c = text_context(resources.bb, [cb.experiences_for(t) for t in tasks])
+    assert not ctx.latent and torch.equal(ctx.mask, mask_c) and torch.equal(ctx.prefix, emb_c)
 
 
 # ------------------------------------------------------------------------------------ the rule

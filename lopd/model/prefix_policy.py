@@ -1,28 +1,38 @@
 """The conditioned teacher as a *policy*: a causal LM that sees a fixed embedding prefix.
 
-:class:`PrefixedPolicy` wraps a Hugging Face causal LM so that any decoding loop written for a
-plain model (``lopd.rollout.rollout_batch`` or its successors) rolls out the teacher
-conditioned on a prefix of embeddings — the composer's latents ``c_φ`` or the embedded text of
-retrieved trajectories — without knowing about it. It follows exactly the conventions of
+:class:`PrefixedPolicy` wraps a Hugging Face causal LM so that :func:`lopd.rollout.rollout_batch`
+rolls out the teacher conditioned on a prefix of embeddings — the composer's latents ``c_φ`` or
+the embedded text of retrieved trajectories — without knowing about it. Conventions are those of
 :meth:`lopd.model.backbone.Backbone.teacher_logits`:
 
-* latent prefix (``latent=True``): the ``L`` prefix entries sit at position 0 and the real
-  tokens keep the positions ``0..T-1`` the unwrapped model would give them;
-* text prefix (``latent=False``): the prefix is ordinary text at positions ``0..L-1`` and the
-  real tokens are shifted by ``L``;
-* attention mask: ``prefix_mask`` (1 on real prefix entries, 0 on left padding) before the
-  real tokens' mask (all ones when the caller passes none).
+* latent prefix (``latent=True``): the ``L`` prefix entries sit at position 0 and the real tokens
+  keep the positions ``0..T-1`` the unwrapped model gives them;
+* text prefix (``latent=False``): the prefix is ordinary text before the real tokens, whose
+  positions follow it (row ``i``'s ``L_i`` real prefix entries at ``0..L_i-1``, its tokens from
+  ``L_i``; ``teacher_logits`` counts the left padding too, which a rotary model cannot tell apart);
+* ``prefix_mask`` marks the real prefix entries (0 on left padding; a text prefix only — every row of
+  a latent prefix holds the same ``L = n_ret·K`` latents).
 
-Interface: ``forward(input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-<cache>=None, use_cache=None, **kw)`` where ``<cache>`` is the wrapped model's cache keyword
-(``cache`` in transformers ≥ 5.x, ``past_key_values`` before). ``attention_mask`` and
-``position_ids`` refer to the *real* tokens only (as for the unwrapped model). A call whose
-cache is missing or empty is a first call: the prefix is prepended (and written into the
-cache); later calls read the prefix from the cache. The returned output is the wrapped model's,
-with ``logits`` restricted to the real tokens of this call. The batch size must stay that of
-``prefix`` for the whole rollout. ``prepare`` (optional) runs before every forward, e.g.
-``lambda: bb.mode("teacher")`` so the shared backbone is in the teacher role even if other code
-switched it between decoding steps.
+How it plugs into the rollout engine (``lopd.rollout``: chunks left-padded to a common width, a
+:class:`~lopd.kv_cache.RaggedKVCache`, explicit position ids and a 4-D mask). ``forward`` takes
+what the engine passes — ``input_ids (B, W)``, ``attention_mask (B, 1, W, S)`` (a real query's
+row is true somewhere past the cache's scratch slot 0), ``position_ids (B, W)``, ``cache``,
+``use_cache``, ``logits_to_keep`` — and:
+
+* on the first call of a cache (no layer filled yet) it prepends each row's prefix to the row's
+  real tokens, re-left-pads, grows the cache's capacity by ``L``, and re-plans the chunk with the
+  cache's own :meth:`~lopd.kv_cache.RaggedKVCache.plan` (so the engine's ``commit`` caches prefix
+  and prompt together); the batch must then be the prefix's ``B`` rows, in order;
+* on later calls the prefix is in the cache; for a latent prefix the engine's positions (which
+  count the ``L`` cached prefix entries) are shifted back by ``L``;
+* it returns the wrapped model's output with ``logits`` over the caller's ``W`` columns.
+
+Rows that finish leave the batch through the cache (:meth:`~lopd.kv_cache.RaggedKVCache.keep`);
+nothing here is per row after the first call. Rollouts without the KV cache are refused (the
+engine drops finished rows, and a cache-less call would need to know which rows remain).
+The wrapper hides ``config``/``get_base_model`` so the engine's fast decoder — which reads the
+wrapped model's weights directly and would skip the prefix — is never built for it. ``prepare``
+(optional) runs before every forward, e.g. ``lambda: bb.mode("teacher")`` for the shared backbone.
 """
 
 from __future__ import annotations
@@ -32,80 +42,80 @@ from typing import Callable
 import torch
 from torch import nn
 
-CACHE_KWS = ("cache", "past_key_values")
-
-
-def _cache_len(cache) -> int:
-    if cache is None:
-        return 0
-    if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
-    return int(cache[0][0].shape[-2]) if len(cache) else 0  # legacy tuple-of-tuples cache
-
 
 class PrefixedPolicy(nn.Module):
     def __init__(self, model: nn.Module, prefix: torch.Tensor | None, prefix_mask: torch.Tensor | None = None, *,
                  latent: bool = True, prepare: Callable[[], object] | None = None):
         super().__init__()
+        from lopd.rollout import _cache_kw
+
         self.model = model
+        self.model_cache_kw = _cache_kw(model)
         if prefix is not None and prefix.dim() != 3:
             raise ValueError(f"prefix must have shape (B, L, d), got {tuple(prefix.shape)}")
-        self.prefix = prefix
-        L = 0 if prefix is None else prefix.shape[1]
         if prefix is not None and prefix_mask is None:
             prefix_mask = torch.ones(prefix.shape[:2], dtype=torch.long, device=prefix.device)
         if prefix is not None and tuple(prefix_mask.shape) != tuple(prefix.shape[:2]):
             raise ValueError(f"prefix_mask must have shape {tuple(prefix.shape[:2])}, got {tuple(prefix_mask.shape)}")
-        self.prefix_mask = prefix_mask
-        self.L = L
+        if prefix is not None and latent and not bool(prefix_mask.bool().all()):
+            # the position shift of later calls is one number for every row: L real latents each
+            raise ValueError("a latent prefix must have every entry real (prefix_mask all ones)")
+        self.prefix, self.prefix_mask = prefix, prefix_mask
+        self.L = 0 if prefix is None else prefix.shape[1]
         self.latent = latent
         self.prepare = prepare
 
-    # what decoding loops may look up on the model they are given
-    def get_base_model(self) -> nn.Module:
-        m = self.model
-        return m.get_base_model() if hasattr(m, "get_base_model") else m
-
-    @property
-    def config(self):
-        return self.model.config
-
-    def positions(self, real_pos: torch.Tensor) -> torch.Tensor:
-        """(B, n) positions of real tokens as the unwrapped model sees them → positions under the prefix."""
-        return real_pos if self.latent else real_pos + self.L
-
-    def prefix_positions(self, B: int, device) -> torch.Tensor:
-        if self.latent:
-            return torch.zeros(B, self.L, dtype=torch.long, device=device)
-        return torch.arange(self.L, device=device).expand(B, self.L)
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kw):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                inputs_embeds=None, **kw):
         if self.prepare is not None:
             self.prepare()
+        legacy = kw.pop("past_key_values", None)
+        cache = cache if cache is not None else legacy
         if self.L == 0:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              inputs_embeds=inputs_embeds, **kw)
-        cache_kw = next((k for k in CACHE_KWS if kw.get(k) is not None), None)
-        past = _cache_len(kw[cache_kw]) if cache_kw else 0
-        first = past == 0
+            return self._call(cache, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=use_cache, inputs_embeds=inputs_embeds, **kw)
+        if cache is None:
+            raise ValueError("PrefixedPolicy needs the rollout's KV cache (use_cache=True)")
         emb = inputs_embeds if inputs_embeds is not None else self.model.get_input_embeddings()(input_ids)
-        B, n = emb.shape[:2]
-        if B != self.prefix.shape[0]:
-            raise ValueError(f"PrefixedPolicy: batch of {B} sequences but the prefix holds {self.prefix.shape[0]}")
-        past_real = 0 if first else past - self.L
-        if past_real < 0:
-            raise ValueError(f"PrefixedPolicy: the cache holds {past} entries, fewer than the {self.L}-entry prefix")
-        dev = emb.device
-        if position_ids is None:
-            position_ids = torch.arange(past_real, past_real + n, device=dev).expand(B, n)
-        pos = self.positions(position_ids.expand(B, n))
-        if attention_mask is None:
-            attention_mask = torch.ones(B, past_real + n, dtype=torch.long, device=dev)
-        mask = torch.cat([self.prefix_mask.to(device=dev, dtype=attention_mask.dtype), attention_mask], dim=1)
-        if first:
-            emb = torch.cat([self.prefix.to(device=dev, dtype=emb.dtype), emb], dim=1)
-            pos = torch.cat([self.prefix_positions(B, dev), pos], dim=1)
-        out = self.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, **kw)
-        if out.logits.shape[1] > n:  # drop the prefix positions (logits_to_keep may already have)
-            out.logits = out.logits[:, -n:]
+        W = emb.shape[1]
+        if len(cache) > 0:  # the first forward filled the cache's layers: the prefix is in it
+            if self.latent:  # the engine counts the cached latents; the real tokens sit at 0..T-1
+                position_ids = (position_ids - self.L).clamp(min=0)
+            out = self._call(cache, inputs_embeds=emb, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=use_cache, **kw)
+        else:
+            emb, attention_mask, position_ids = self._prime(cache, emb, attention_mask)
+            out = self._call(cache, inputs_embeds=emb, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=use_cache, **kw)
+        if out.logits.shape[1] > W:
+            out.logits = out.logits[:, -W:]
         return out
+
+    def _call(self, cache, **kw):
+        if cache is not None:
+            kw[self.model_cache_kw] = cache
+        return self.model(**kw)
+
+    def _prime(self, cache, emb: torch.Tensor, mask4: torch.Tensor):
+        """The first chunk with each row's real prefix entries before its real tokens, re-planned."""
+        B, W = emb.shape[:2]
+        if B != self.prefix.shape[0]:
+            raise ValueError(f"PrefixedPolicy: the first forward has {B} rows but the prefix holds "
+                             f"{self.prefix.shape[0]} (one per task, in the rollout's order)")
+        if int(cache.get_seq_length()) != 0:
+            raise ValueError("PrefixedPolicy: the cache already holds entries that are not this prefix")
+        dev = emb.device
+        real = mask4[:, 0, :, 1:].any(-1)  # (B, W) the caller's real columns (padding sees slot 0 only)
+        pmask = self.prefix_mask.to(dev).bool()
+        prefix = self.prefix.to(device=dev, dtype=emb.dtype)
+        rows = [torch.cat([prefix[i][pmask[i]], emb[i][real[i]]]) for i in range(B)]
+        n_new = torch.tensor([len(r) for r in rows], dtype=torch.long, device=dev)
+        width = int(n_new.max())
+        out = emb.new_zeros(B, width, emb.shape[-1])
+        for i, r in enumerate(rows):
+            out[i, width - len(r):] = r
+        cache.capacity += self.L
+        pos, mask = cache.plan(n_new, width)
+        if self.latent:  # prefix entries at 0, real tokens at 0.. (plan counts from the prefix)
+            pos = (pos - self.L).clamp(min=0)
+        return out, mask, pos
