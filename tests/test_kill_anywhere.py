@@ -414,8 +414,6 @@ def test_no_mlflow_run_is_left_running(kill_chain):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bug outside this test: lopd/hpo.py seeds a new TPESampler at every (re)start, "
-                   "so the trial after a killed one repeats trial 0's configuration")
 def test_a_search_killed_inside_a_trial_resumes_with_the_same_trials(kill_chain):
     assert all(kill_chain.files[f] in ("same", "known") for f in SEARCH_RESTART_OUTPUTS), \
         {f: kill_chain.files[f] for f in SEARCH_RESTART_OUTPUTS}

@@ -105,6 +105,10 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
         study.optimize(objective, n_trials=target, catch=())
         return study
     while remaining() > 0:
+        # the sampler's random stream depends on how many trials are finished, not on how often the
+        # search was restarted: a search killed and resumed proposes what an uninterrupted one would
+        n_done = len(study.get_trials(deepcopy=False, states=finished))
+        study.sampler = optuna.samplers.TPESampler(seed=hp.seed + n_done, n_startup_trials=min(8, hp.n_trials))
         study.optimize(objective, n_trials=1, catch=())
     return study
 
