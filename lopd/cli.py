@@ -97,9 +97,8 @@ def run_in_process(argv: list[str]) -> int:
 
         return launch_main(argv[1:])
     args = _parser().parse_args(argv)
-    record = _start_recording()
     try:
-        return _dispatch(args)
+        return _dispatch(args, _start_recording)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -107,7 +106,9 @@ def run_in_process(argv: list[str]) -> int:
         print(f"run failed: {e}", file=sys.stderr)
         return 1
     finally:
-        _write_record(record, args)
+        from lopd.config import _READS
+
+        _write_record(_READS, args)
 
 
 def _apply_profile(args) -> int:
@@ -123,7 +124,7 @@ def _apply_profile(args) -> int:
     return 0
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, start_recording=lambda: None) -> int:
     import importlib
 
     from lopd.config import load_params
@@ -136,6 +137,7 @@ def _dispatch(args) -> int:
 
         return guarded_repro(args.dvc_args)
     params = load_params(args.params, args.profile)
+    start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
     if args.cmd == "validate":
         print("params OK")
         return 0
