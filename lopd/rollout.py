@@ -8,11 +8,13 @@ token it just sampled, followed by the observation if that token closed the turn
 turn's prefill costs one forward. Chunks are left-padded to a common width; the
 :class:`~lopd.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
 and gives the model explicit position ids and a 4-D mask, so padding is never attended to.
+For Llama-family models the forward is :class:`~lopd.fast_decoder.FastDecoder` (the same
+arithmetic as the Hugging Face + peft forward, without its per-call Python overhead).
 The next token of every row is chosen at once (:func:`lopd.sampling.choose_tokens`):
 ``argmax`` when greedy, else a Gumbel-max draw keyed by (row seed, position) — a row's draws
 do not depend on the other rows of the batch. A finished row (episode over, or ``max_len``
-tokens) leaves the batch at once: its cache rows are dropped and its reward is computed in a
-worker thread (sandboxed programs run in their own processes) while the others go on.
+tokens) leaves the batch at once: its cache rows are dropped and, when its reward runs a
+sandboxed program, that program is scored in a worker thread while the others decode.
 
 Under greedy decoding the outputs equal the former one-token-per-forward engine's token for
 token (``tests/test_rollout_engine.py`` checks it against ``tests/reference_rollout.py``),
