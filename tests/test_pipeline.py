@@ -61,7 +61,6 @@ def _copy(smoke, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.slow
 def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     repo = smoke_recorded.repo
     print(f"smoke dvc repro: {smoke_recorded.seconds:.0f} s")
