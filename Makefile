@@ -27,8 +27,8 @@ repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
-# The unit suite (CI runs this). The end-to-end tests (smoke pipelines, kill-anywhere, declared=read,
-# lopd launch on Ray) are marked `slow` and run with `make test-e2e`; see the README for why.
+# The unit suite plus one recorded smoke pipeline (CI runs this). The other end-to-end tests (warm smoke, kill-anywhere,
+# lora_r rerun, lopd launch on Ray) are marked `slow` and run with `make test-e2e`; see the README for why.
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 

@@ -7,9 +7,7 @@ compares them with ``dvc.yaml`` and names the stage and key on any difference.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import REPO
