@@ -43,9 +43,9 @@ model:
   dtype: $DTYPE
 $2
 tracking: {uri: "sqlite:///$WORK/mlflow.db", on_failure: warn}
-envs: {n_train: 48, n_val: 16, n_test: 16}
-base: {steps: 250}
-bank: {rollouts_per_task: 2, min_reward: ${3:-1.0}}
+envs: {n_train: 96, n_val: 16, n_test: 16}
+base: {steps: 1000}
+bank: {rollouts_per_task: 4, min_reward: ${3:-1.0}}
 cold_start: {steps: 6, batch_size: 8}
 train: {steps: 4, tasks_per_step: 16, val_every: 100, val_tasks: 8, checkpoint_every: 100, use_best_params: false}
 EOF

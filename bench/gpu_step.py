@@ -30,15 +30,16 @@ def main() -> int:
 
     import torch
 
-    import lopd.trainer as trainer_mod
-    from lopd import stages
+    import lopd.training.trainer as trainer_mod
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
     from lopd.arms import get_arm
     from lopd.config import load_params
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     params = load_params("params.yaml")
     t0 = time.perf_counter()
-    res = stages.load_resources(params, role="train", need_bank=get_arm(a.arm).context != "none")
+    res = load_resources(params, Paths.for_params("params.yaml"), role="train", need_bank=get_arm(a.arm).context != "none")
     load_s = time.perf_counter() - t0
     bb = res.bb
     cuda = bb.device.type == "cuda"
@@ -53,7 +54,7 @@ def main() -> int:
     trainer_mod.collate = counting_collate
     hp = HParams.from_params(params, steps=a.steps + 1, val_every=10**9, checkpoint_every=10**9)
     tr = Trainer(res, get_arm(a.arm), hp, seed=0)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
 
     def sync():
         if cuda:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Times the full default `dvc repro` from a clean copy of this checkout, then the no-op rerun.
+# Times the full default `dvc repro` from a clean copy of this checkout, then the no-op rerun, and
+# says where the time went (start-up, useful CPU share, time per stage kind: bench/pipeline_report.py).
 #   bash bench/pipeline.sh [profile.yaml]     (default: params.yaml as committed)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,4 +20,5 @@ t2=$(date +%s.%N)
 grep -c "Running stage" repro.log | xargs echo "stages run:"
 echo "full dvc repro: $("$BIN/python" -c "print(round($t1 - $t0, 1))") s"
 echo "no-op dvc repro: $("$BIN/python" -c "print(round($t2 - $t1, 1))") s  (stages re-run: $(grep -c 'Running stage' noop.log || true))"
+"$BIN/python" "$REPO/bench/pipeline_report.py" "$WORK" "$("$BIN/python" -c "print($t1 - $t0)")"
 echo "outputs kept in $WORK"

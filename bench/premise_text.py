@@ -13,7 +13,7 @@ params (the test split is never generated or read). Context trajectories are the
 solver's successful trajectories of the chosen train tasks. Every val task is rolled out
 ``S`` times per condition (sampled at ``evaluate.temperature``; the same generator seed for
 every condition) and its reward averaged; CIs are over val tasks: Student-t for a condition's
-mean, paired percentile bootstrap for a difference of conditions.
+mean, paired t over val tasks for a difference of conditions.
 
 Acceptance (issue 13), default profile, per domain: none in [0.10, 0.45]; relevant - none >=
 0.30; shuffled - none <= 0. Null world: relevant ~ shuffled.
@@ -109,7 +109,7 @@ def load_or_train(params, envs, base_dir: str | None):
 
 def measure(params, model, fmt, envs, splits, n_ret: int, samples: int, seed: int) -> dict:
     """Per domain: the three conditions' summaries, their paired differences, the acceptance checks."""
-    from lopd.stats import paired_diff, summarize
+    from lopd.analysis.stats import paired_t, summarize
 
     train, val = splits["train"], splits["val"]
     out: dict = {}
@@ -118,11 +118,11 @@ def measure(params, model, fmt, envs, splits, n_ret: int, samples: int, seed: in
         r = {c: rewards(model, fmt, envs, v, contexts(c, v, train, envs[domain], fmt, n_ret, seed), params,
                         samples, seed) for c in CONDITIONS}
         s = {c: summarize(r[c]) for c in CONDITIONS}
-        d = {"relevant-none": paired_diff(r["relevant"], r["none"]),
-             "shuffled-none": paired_diff(r["shuffled"], r["none"]),
-             "relevant-shuffled": paired_diff(r["relevant"], r["shuffled"])}
-        ok = (0.10 <= s["none"]["mean"] <= 0.45, d["relevant-none"]["diff_mean"] >= 0.30,
-              d["shuffled-none"]["diff_mean"] <= 0.0)
+        d = {"relevant-none": paired_t(r["relevant"], r["none"]),
+             "shuffled-none": paired_t(r["shuffled"], r["none"]),
+             "relevant-shuffled": paired_t(r["relevant"], r["shuffled"])}
+        ok = (0.10 <= s["none"]["mean"] <= 0.45, d["relevant-none"]["diff"] >= 0.30,
+              d["shuffled-none"]["diff"] <= 0.0)
         out[domain] = {"n_tasks": len(v), "conditions": s, "diffs": d,
                        "acceptance": dict(zip(("none_in_range", "relevant_gain_ge_0.30", "shuffled_not_above_none"),
                                               ok))}
@@ -136,8 +136,7 @@ def print_table(domains: dict) -> None:
         for c in CONDITIONS:
             print(f"  {c:9s} {s[c]['mean']:.3f}  95% CI [{s[c]['ci_low']:.3f}, {s[c]['ci_high']:.3f}]")
         for k, x in d.items():
-            print(f"  {k:18s} {x['diff_mean']:+.3f}  95% CI [{x['boot_low']:+.3f}, {x['boot_high']:+.3f}]  "
-                  f"p={x['p_perm']:.4f}")
+            print(f"  {k:18s} {x['diff']:+.3f}  95% CI [{x['ci_low']:+.3f}, {x['ci_high']:+.3f}]  p={x['p']:.2g}")
         print("  acceptance: " + "; ".join(f"{k} {v}" for k, v in ok.items()) + "\n")
 
 

@@ -1,11 +1,16 @@
-"""One LOPD step at the default batch: time of each part and of the whole step, and peak
-memory of a LOPD step against an SFT step on the same batch.
+"""One LOPD step at the default batch: time of each part and of the whole step, the rollout
+time of the former engine against the current one, and peak memory of a LOPD step against an
+SFT step on the same batch.
 
     python bench/step.py [--repeats 5]
 
 Parts (each timed on its own, same batch): rollout; student forward+backward; teacher
 forward (given c_φ); composer forward+backward; tracking (one step's metrics, batched).
-Goals (issue 3): whole ≤ 1.3 × sum of parts; LOPD peak memory ≤ 1.5 × SFT's.
+The rollout is also timed with the former one-position-per-forward engine
+(``tests/reference_rollout.py``), interleaved with the current one so both see the same
+machine state. Every part includes scoring (the sandbox's memo is cleared first).
+Goals: whole ≤ 1.3 × sum of parts; LOPD peak memory ≤ 1.5 × SFT's (issue 3); rollout time
+≥ 3× lower than the former engine's (issue 14).
 Peak memory is the growth of the process's peak RSS during the step (CPU), or
 ``torch.cuda.max_memory_allocated`` on CUDA, measured in a fresh subprocess per arm.
 """
@@ -14,51 +19,62 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _workspace import params, workspace
+from _workspace import REPO, params, workspace
+
+sys.path.insert(0, str(REPO))  # tests.reference_rollout: the former engine
 
 
-def _timeit(fn, repeats):
-    best = []
+def _timeit_interleaved(fns: dict, repeats: int) -> dict:
+    """Median wall time of each function, the functions run in turn ``repeats`` times (so
+    that a slow spell of a shared machine hits them all alike)."""
+    times: dict = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best.append(time.perf_counter() - t0)
-    best.sort()
-    return best[len(best) // 2]  # median
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def timing(repeats: int) -> None:
     import torch
 
-    from lopd import objectives as obj
-    from lopd import stages
+    from lopd.training import objectives as obj
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
     from lopd.arms import ARMS
     from lopd.rollout import collate, rollout_batch
     from lopd.tracking import Tracker
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
+    from tests.reference_rollout import rollout_batch as former_rollout_batch
 
     p = params()
-    res = stages.load_resources(p, role="train")
+    res = load_resources(p, Paths(Path.cwd()), role="train")
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
     tracker = Tracker(p.tracking, "bench-step", {"stage": "bench"})
     tr = Trainer(res, ARMS["lopd"], hp, seed=0, tracker=tracker)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
     bb = res.bb
     tasks = tr.sample_tasks()
     gen = torch.Generator().manual_seed(0)
 
     from lopd.envs import sandboxed
 
-    def rollout():
+    def rollout(engine=rollout_batch):
         sandboxed._SCORE_CACHE.clear()  # time real sandbox scoring, as a step on fresh tasks pays it
         bb.mode("student")
-        return rollout_batch(bb.model, bb.fmt, res.envs, tasks, max_new_tokens=hp.max_new_tokens, max_len=hp.max_len,
-                             generator=gen)
+        bb.model.eval()  # as Trainer.train_step rolls out
+        return engine(bb.model, bb.fmt, res.envs, tasks, max_new_tokens=hp.max_new_tokens, max_len=hp.max_len,
+                      temperature=hp.temperature, generator=gen)
+
+    def former_rollout():
+        return rollout(former_rollout_batch)
 
     rolls = rollout()
     ids, attn, mask = collate(rolls, bb.fmt.pad_id, bb.device)
@@ -95,15 +111,18 @@ def timing(repeats: int) -> None:
     parts = {"rollout": rollout, "student fwd+bwd": student, "teacher fwd": teacher, "composer fwd+bwd": composer,
              "tracking": tracking}
     whole()  # warm-up
-    t = {k: _timeit(f, repeats) for k, f in parts.items()}
-    t_whole = _timeit(whole, repeats)
+    former_rollout()
+    t = _timeit_interleaved({**parts, "whole step": whole, "former rollout": former_rollout}, repeats)
+    t_whole, t_former = t.pop("whole step"), t.pop("former rollout")
     tracker.end()
-    print(f"one LOPD step, {len(tasks)} rollouts, K={hp.K}, n_ret={hp.n_ret} (median of {repeats}):")
+    print(f"one LOPD step, {len(tasks)} rollouts, K={hp.K}, n_ret={hp.n_ret} (median of {repeats}, interleaved):")
     for k, v in t.items():
         print(f"  {k:<18} {v * 1000:8.1f} ms")
     s = sum(t.values())
     print(f"  {'sum of parts':<18} {s * 1000:8.1f} ms")
     print(f"  {'whole step':<18} {t_whole * 1000:8.1f} ms   ratio whole/sum = {t_whole / s:.2f} (goal <= 1.3)")
+    print(f"rollout per step: former engine {t_former * 1000:.1f} ms, this engine {t['rollout'] * 1000:.1f} ms: "
+          f"{t_former / t['rollout']:.2f}x lower (goal >= 3x)")
 
 
 def peak_memory_child(arm: str) -> None:
@@ -111,16 +130,18 @@ def peak_memory_child(arm: str) -> None:
 
     import torch
 
-    from lopd import stages
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
     from lopd.arms import ARMS
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
+    from tests.reference_rollout import rollout_batch as former_rollout_batch
 
     p = params()
-    res = stages.load_resources(p, role="train")
+    res = load_resources(p, Paths(Path.cwd()), role="train")
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
     # SFT on the same batch: force every rollout to count as a success so SFT trains on all of it
     tr = Trainer(res, ARMS[arm], hp, seed=0)
-    tr.prime_c0(res.train_tasks)
+    tr.prepare(res.train_tasks)
     cuda = torch.cuda.is_available()
     tr.train_step()  # warm-up: allocator pools, optimiser state
     if cuda:
@@ -158,10 +179,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--child", default=None)
+    ap.add_argument("--no-memory", action="store_true", help="timings only")
     a = ap.parse_args()
     workspace()
     if a.child:
         peak_memory_child(a.child)
     else:
         timing(a.repeats)
-        memory()
+        if not a.no_memory:
+            memory()

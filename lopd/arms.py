@@ -16,7 +16,8 @@ class ArmSpec:
     name: str
     trains: bool = True  # False: evaluation only (the base policy)
     objective: Literal["none", "sft", "grpo", "kd"] = "kd"  # what θ minimises
-    context: Literal["none", "latent", "text"] = "latent"  # what the teacher is conditioned on
+    # what the teacher is conditioned on: retrieved latents, retrieved text, one learned context, nothing
+    context: Literal["none", "latent", "text", "learned"] = "latent"
     bank_mode: Literal["relevant", "shuffled", "unrelated", "none"] = "relevant"
     train_composer: bool = True  # φ updated (else frozen at the cold-start φ0)
     margin: bool = True  # the privilege-margin constraint with dual variable β
@@ -41,6 +42,8 @@ ARMS: dict[str, ArmSpec] = {
                 description="on-policy self-distillation, teacher reads retrieved trajectories as text"),
         ArmSpec("lopd_frozen", train_composer=False, margin=False, description="LOPD with the composer fixed at φ0"),
         ArmSpec("lopd_nomargin", margin=False, description="LOPD joint optimisation with m = 0 and β = 0"),
+        ArmSpec("lopd_nocontent", context="learned", bank_mode="none",
+                description="control: one learned context for every task, no retrieval (context without content)"),
         ArmSpec("lopd", description="LOPD: joint θ/φ with the privilege-margin constraint"),
         ArmSpec("lopd_shuffled", bank_mode="shuffled", description="control: task→trajectory pairing permuted"),
         ArmSpec("lopd_unrelated", bank_mode="unrelated", description="control: trajectories of another domain"),

@@ -29,7 +29,7 @@ import torch
 from lopd.envs.base import Task
 from lopd.envs.tool import run_actions
 from lopd.model.chat import ChatFormat
-from lopd.objectives import sft_loss, token_logprobs
+from lopd.training.objectives import sft_loss, token_logprobs
 from lopd.rollout import pad_sequences
 
 Messages = list[tuple[str, str]]

@@ -1,5 +1,8 @@
 """``lopd`` command line: one subcommand per pipeline stage plus tools.
 
+``dvc.yaml`` calls these directly (``lopd train --arm lopd --seed 3``). Under ``dvc repro`` a stage
+runs in a fork of a warm worker that imported the ML stack once (:mod:`lopd.warm`).
+
 Bad input (invalid params, missing or corrupt files, a forbidden split, an unknown arm)
 exits with status 2 and one message naming the cause; a failed run exits 1.
 """
@@ -25,7 +28,8 @@ warnings.filterwarnings("ignore", message=".*requires_grad.*converted to a Pytho
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lopd", description=__doc__)
-    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml); its directory "
+                                                           "is the root of every input and output")
     p.add_argument("--profile", default=None, help="a profile YAML merged over the params file")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("validate", help="validate the params and exit")
@@ -38,90 +42,200 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--worker", action="store_true", help="join the existing study as an extra worker")
     h.add_argument("--storage", default=None, help="Optuna storage URL (default: the journal file)")
     h.add_argument("--n-trials", type=int, default=None, help="trials for this worker (default: hpo.n_trials)")
-    t = sub.add_parser("train", help="train one arm with one seed")
-    t.add_argument("--arm", required=True)
-    t.add_argument("--seed", type=int, required=True)
-    t.add_argument("--out", default=None)
-    e = sub.add_parser("evaluate", help="evaluate one trained student on the test split")
-    e.add_argument("--arm", required=True)
-    e.add_argument("--seed", type=int, required=True)
+    for name, text in (("train", "train one arm with one seed"),
+                       ("evaluate", "evaluate one trained student on the test split")):
+        t = sub.add_parser(name, help=text)
+        t.add_argument("--arm", required=True)
+        t.add_argument("--seed", type=int, required=True)
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
+    sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
+    r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
+                                     "complete snapshot) and clearing stale DVC locks")
+    r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
     a = sub.add_parser("apply-profile", help="write params merged with a profile to a file")
     a.add_argument("profile_file")
     a.add_argument("--out", default="params.yaml")
-    m = sub.add_parser("mlflow-server", help="start an MLflow server on 127.0.0.1 (SQLite backend)")
-    m.add_argument("--port", type=int, default=5000)
     return p
 
 
+def process_start_time(pid: int | None = None) -> float:
+    """Wall-clock time (epoch s) at which a process started, from /proc; now if unavailable."""
+    import time
+
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Console entry point. Under ``dvc repro`` (and only when called as a command) the stage runs
+    in the warm worker; otherwise in this process."""
+    from lopd import warm
+
+    os.environ.setdefault("LOPD_T0", repr(process_start_time()))  # for the pipeline bench's start-up figure
+    if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
+        args = sys.argv[1:]
+        ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
+        if ns.cmd not in ("validate", "apply-profile", "repro"):
+            rc = warm.run_client(args)
+            if rc != -1:
+                return rc
+    return run_in_process(sys.argv[1:] if argv is None else argv)
+
+
+def run_in_process(argv: list[str]) -> int:
     from lopd.errors import BadInput, RunFailed
 
+    if argv[:1] == ["launch"]:  # the cluster launcher has its own options (lopd launch --help)
+        from lopd.launch import main as launch_main
+
+        return launch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        return _dispatch(args, _start_recording)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RunFailed as e:
         print(f"run failed: {e}", file=sys.stderr)
         return 1
+    finally:
+        from lopd.config import _READS
+
+        _write_record(_READS, args)
 
 
-TRACKED_COMMANDS = ("base", "cold-start", "train", "hpo", "sensitivity", "report")
+def _apply_profile(args) -> int:
+    import yaml
+
+    from lopd.config import deep_merge, parse_params, read_yaml_mapping
+    from lopd.utils import atomic_write_text
+
+    merged = deep_merge(read_yaml_mapping(args.params, "params file"), read_yaml_mapping(args.profile_file, "profile"))
+    parse_params(merged, f"{args.params} + {args.profile_file}")
+    atomic_write_text(args.out, yaml.safe_dump(merged, sort_keys=False))
+    print(f"wrote {args.out}")
+    return 0
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, start_recording=lambda: None) -> int:
+    import importlib
+
     from lopd.config import load_params
+    from lopd.paths import Paths
 
     if args.cmd == "apply-profile":
-        import yaml
+        return _apply_profile(args)
+    if args.cmd == "repro":
+        from lopd.lockguard import guarded_repro
 
-        from lopd.config import deep_merge, parse_params, read_yaml_mapping
-
-        base = read_yaml_mapping(args.params, "params file")
-        merged = deep_merge(base, read_yaml_mapping(args.profile_file, "profile"))
-        parse_params(merged, f"{args.params} + {args.profile_file}")
-        with open(args.out, "w") as f:
-            yaml.safe_dump(merged, f, sort_keys=False)
-        print(f"wrote {args.out}")
-        return 0
+        return guarded_repro(args.dvc_args)
     params = load_params(args.params, args.profile)
+    start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
     if args.cmd == "validate":
         print("params OK")
         return 0
-    if args.cmd in TRACKED_COMMANDS and os.environ.get("RANK", "0") == "0":
-        from lopd.tracking import start_sidecar
+    paths = Paths.for_params(args.params)
+    stage = importlib.import_module(f"lopd.pipeline.{args.cmd.replace('-', '_')}")
+    _check_arm_and_seed(params, args)
+    from lopd.lockguard import snapshot_for_stage
 
-        start_sidecar(params.tracking)  # imports MLflow on the other core while this stage loads torch
-    from lopd import stages
-
-    if args.cmd == "prepare":
-        stages.stage_prepare(params)
-    elif args.cmd == "base":
-        stages.stage_base(params)
-    elif args.cmd == "bank":
-        stages.stage_bank(params)
-    elif args.cmd == "cold-start":
-        stages.stage_cold_start(params)
-    elif args.cmd == "probe":
-        stages.stage_probe(params)
-    elif args.cmd == "hpo":
-        stages.stage_hpo(params, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
-    elif args.cmd == "train":
-        stages.stage_train(params, args.arm, args.seed, out=args.out)
-    elif args.cmd == "evaluate":
-        stages.stage_evaluate(params, args.arm, args.seed)
-    elif args.cmd == "sensitivity":
-        stages.stage_sensitivity(params)
-    elif args.cmd == "report":
-        stages.stage_report(params)
-    elif args.cmd == "mlflow-server":
-        from lopd.tracking_server import serve
-
-        serve(args.port)
+    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
+    with _timed(paths, args.cmd):
+        _run_stage(stage, params, paths, args)
     return 0
+
+
+def _check_arm_and_seed(params, args) -> None:
+    """Before anything is written: an unknown arm, or a seed outside ``train.seeds``, is bad input."""
+    if args.cmd not in ("train", "evaluate"):
+        return
+    from lopd.arms import get_arm
+    from lopd.config import unrecorded
+    from lopd.errors import BadInput
+
+    get_arm(args.arm)
+    with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
+        if args.seed not in params.train.seeds:
+            raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}")
+
+
+def _run_stage(stage, params, paths, args) -> None:
+    if args.cmd in ("train", "evaluate"):
+        stage.run(params, paths, args.arm, args.seed)
+    elif args.cmd == "hpo":
+        stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
+    else:
+        stage.run(params, paths)
+
+
+class _timed:
+    """Side file ``.lopd/timing/<stage>.json`` (not a DVC output): when the process started, when the
+    stage's work began and ended, and the CPU seconds of that work (its subprocesses included), for
+    ``bench/pipeline.sh``'s start-up and useful-work figures."""
+
+    def __init__(self, paths, cmd: str):
+        self.paths, self.cmd = paths, cmd
+
+    def __enter__(self):
+        import resource
+        import time
+
+        self.t0 = time.time()
+        self.ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+
+    def __exit__(self, exc_type, *exc):
+        import resource
+        import time
+
+        from lopd.utils import write_json
+
+        if exc_type is not None:
+            return  # a failed stage leaves no timing record (nor anything else a rerun could trust)
+        ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(self.ru, ru))
+        stage = os.environ.get("DVC_STAGE") or self.cmd
+        write_json(self.paths.root / ".lopd" / "timing" / f"{stage.replace('@', '-')}.json",
+                   {"stage": stage, "kind": self.cmd, "t_process": float(os.environ.get("LOPD_T0", self.t0)),
+                    "t_work": self.t0, "t_end": time.time(), "cpu_work": cpu,
+                    "warm": os.environ.get("LOPD_IN_WARM") == "1"})
+
+
+# --------------------------------------------------------------------------- declared = read
+def _start_recording() -> set | None:
+    """With ``LOPD_RECORD_DIR`` set, record every params key this stage reads."""
+    if not os.environ.get("LOPD_RECORD_DIR"):
+        return None
+    from lopd.config import record_reads
+
+    reads: set[str] = set()
+    record_reads(reads)
+    return reads
+
+
+def _write_record(reads: set | None, args) -> None:
+    """Write ``<LOPD_RECORD_DIR>/<stage>.json``: params keys read and ``lopd`` source files imported."""
+    if reads is None:
+        return
+    import json
+    from pathlib import Path
+
+    from lopd.config import record_reads
+
+    record_reads(None)
+    pkg = Path(__file__).resolve().parent
+    files = sorted({str(Path(m.__file__).resolve().relative_to(pkg.parent)) for name, m in list(sys.modules.items())
+                    if name.split(".")[0] == "lopd" and getattr(m, "__file__", None)})
+    stage = os.environ.get("DVC_STAGE") or args.cmd
+    out = Path(os.environ["LOPD_RECORD_DIR"]) / f"{stage}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"stage": stage, "params": sorted(reads), "modules": files}, indent=1))
 
 
 if __name__ == "__main__":

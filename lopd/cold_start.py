@@ -1,106 +1,194 @@
-"""Composer cold start and the privilege probe.
+"""Composer cold start (φ0) and the privilege probe (the premise gate).
 
-Cold start (composer SFT): for a successful train-split trajectory ``τ`` of task ``x``,
-retrieve ``n_ret`` *other* successes (never ``x`` itself), compose ``c_φ``, and maximise the
-frozen teacher's log-likelihood of ``τ``'s policy tokens given ``c_φ``:
+**Cold start.** For a successful train-split trajectory ``τ`` of task ``x``, retrieve ``n_ret``
+*other* successes ``e_1..e_n`` (never ``x`` itself), compose ``c_φ`` from them, and minimise
 
-    min_φ  − Σ_t mask_t · log π_T(τ_t | τ_<t, c_φ) / Σ_t mask_t
+    L(φ) = NLL + w · KL
 
-``K`` and ``n_ret`` are drawn per batch (``K`` from the search's choices, ``n_ret`` from
-``1..n_ret_max``) so that φ0 serves every configuration the search may pick.
+    NLL = − Σ_t m_t log π_T(τ_t | τ_<t, c_φ) / Σ_t m_t
+    KL  = Σ_t m_t KL( π_T^text(·| τ_<t) ‖ π_T^latent(·| τ_<t, c_φ) ) / Σ_t m_t
 
-Privilege probe: on successful validation trajectories, the mean token margin
-``δ = log π_T(y|s, c) − log π_S(y|s)`` of the cold-started teacher with ``relevant`` vs
-``shuffled`` vs ``none`` context (student = the base policy). It tests the premise that a
-useful context exists at all.
+over the policy tokens of ``τ`` (``m_t = 1`` where the policy generated the token). ``π_T^text``
+is the frozen base model reading the raw text of ``e_1..e_n`` before ``τ`` — exactly the
+``opsd_text`` teacher — so the second term distils what the text teacher reads from the
+retrieved trajectories into the latents (``w = cold_start.distill_weight``). The KL is the
+*forward* direction from the text teacher (mass-covering: the latent teacher must put mass
+wherever the text teacher does), on the text teacher's top-M support plus one tail bucket
+(``cold_start.distill_top_m``), computed by :func:`lopd.training.objectives.reverse_kl_topm_tail` with the
+text teacher in the first slot. ``K`` and ``n_ret`` are drawn per batch (``K`` from the search's
+choices, ``n_ret`` from ``1..n_ret_max``) so that φ0 serves every configuration the search may
+pick. The composer starts as a near no-op (zero latents, :mod:`lopd.model.composer`).
+
+**Privilege probe.** :func:`privilege_probe` measures the teacher under every context condition
+as a policy (rollout reward) and as a scorer of the student's own rollouts (δ), and applies the
+pre-registered rule of :mod:`lopd.premise`.
 """
 
 from __future__ import annotations
 
 import random
 
-import numpy as np
 import torch
 
 from lopd.bank import ExperienceBank
 from lopd.model.composer import Composer
-from lopd.objectives import sft_loss, token_logprobs
-from lopd.rollout import pad_sequences
+from lopd.model.prefix_policy import PrefixedPolicy
+from lopd.training.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
+from lopd.rollout import collate, pad_sequences, rollout_batch
 
 
-def cold_start(bb, bank: ExperienceBank, task_emb: dict, *, steps: int, batch_size: int, lr: float, k_choices: list[int],
-               n_ret_max: int, k_max: int, seed: int, on_step=None) -> tuple[Composer, list[float]]:
-    from lopd.envs.base import Task
+def text_context(bb, experiences: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embedded text context (left-padded) and its mask: per task, the retrieved experiences'
+    token ids each preceded by the experience header — the ``opsd_text`` teacher's context."""
+    ctx = [bb.fmt.join_context(exps) for exps in experiences]
+    ids, mask = pad_sequences(ctx, bb.fmt.pad_id, bb.device, left=True)
+    with torch.no_grad():
+        return bb.embed(ids), mask
 
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    comp = Composer(bb, k_max)
+
+def distill_kl(text_logp: torch.Tensor, latent_logp: torch.Tensor, mask: torch.Tensor, top_m: int) -> KLResult:
+    """``KL(π_T^text ‖ π_T^latent)`` per token on the text teacher's top-M + tail, token mean over
+    ``mask``. :func:`reverse_kl_topm_tail` computes ``KL(first ‖ second)`` with the support taken
+    from the first argument when ``support="student"``; the text side is a fixed target (detached)."""
+    return reverse_kl_topm_tail(text_logp.detach(), latent_logp, mask, top_m=top_m, support="student")
+
+
+def _batch(bb, bank: ExperienceBank, task_emb: dict, entries, n_ret: int):
+    """Retrieved experience ids per entry, and the entries' padded ids, attention and policy-token mask."""
+    exps, seqs, masks = [], [], []
+    for e in entries:
+        idx = bank.nearest(e.task_id, task_emb[e.task_id], n_ret)
+        exps.append([bb.fmt.experience_ids(bank.entries[j].messages) for j in idx])
+        ids, gm = bb.fmt.encode_messages(e.messages)
+        seqs.append(ids)
+        masks.append(gm)
+    ids, attn = pad_sequences(seqs, bb.fmt.pad_id, bb.device)
+    gm, _ = pad_sequences(masks, 0, bb.device)
+    return exps, ids, attn, gm[:, 1:].float()
+
+
+def cold_start_losses(bb, comp: Composer, exps, ids, attn, mask, *, K: int, distill_weight: float,
+                      top_m: int) -> tuple[torch.Tensor, dict]:
+    """The cold-start objective of one batch (module docstring) and its parts."""
+    c_phi = comp(exps, K)
+    ones = torch.ones(c_phi.shape[:2], dtype=torch.long, device=c_phi.device)
+    latent_logits = bb.teacher_logits(c_phi, ones, ids, attn)[:, :-1].float()
+    nll = sft_loss(token_logprobs(latent_logits, ids[:, 1:]), mask)
+    row = {"nll": float(nll.detach())}
+    loss = nll
+    if distill_weight > 0:
+        with torch.no_grad():
+            prefix, pmask = text_context(bb, exps)
+            text_logits = bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=False)[:, :-1].float()
+        kl = distill_kl(torch.log_softmax(text_logits, -1), torch.log_softmax(latent_logits, -1), mask, top_m)
+        loss = loss + distill_weight * kl.loss
+        row["distill_kl"] = float(kl.loss.detach())
+    row["loss"] = float(loss.detach())
+    return loss, row
+
+
+def cold_start(bb, bank: ExperienceBank, task_emb: dict, cp, *, k_choices: list[int],
+               on_step=None) -> tuple[Composer, list[dict]]:
+    """Train φ0 (``cp`` = the ``cold_start`` params section); returns the composer and one row per step."""
+    torch.manual_seed(cp.seed)
+    rng = random.Random(cp.seed)
+    comp = Composer(bb, cp.k_max)
     phi = comp.phi_params()
     for p in phi:
         p.requires_grad_(True)
     for p in bb.adapter_params("student"):
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(phi, lr=lr, weight_decay=0.0)
-    n_ret_cap = min(n_ret_max, max(1, len(bank) - 1))
-    losses = []
+    opt = torch.optim.AdamW(phi, lr=cp.lr, weight_decay=0.0)
+    n_ret_cap = min(cp.n_ret_max, max(1, len(bank) - 1))
+    rows = []
     bb.model.train()
-    for step in range(steps):
+    for step in range(cp.steps):
         K = rng.choice(k_choices)
         n_ret = rng.randint(1, n_ret_cap)
-        batch = [bank.entries[i] for i in rng.sample(range(len(bank)), min(batch_size, len(bank)))]
-        exps, seqs, masks = [], [], []
-        for e in batch:
-            task = Task(e.task_id, e.domain, e.family, e.prompt)
-            idx = bank.nearest(e.task_id, task_emb[e.task_id], n_ret)
-            exps.append([bb.fmt.experience_ids(bank.entries[j].messages) for j in idx])
-            ids, gm = bb.fmt.encode_messages(e.messages)
-            seqs.append(ids)
-            masks.append(gm)
-        ids, attn = pad_sequences(seqs, bb.fmt.pad_id, bb.device)
-        gm, _ = pad_sequences(masks, 0, bb.device)
-        c_phi = comp(exps, K)
-        logits = bb.teacher_logits(c_phi, torch.ones(c_phi.shape[:2], dtype=torch.long, device=bb.device), ids, attn)
-        loss = sft_loss(token_logprobs(logits[:, :-1], ids[:, 1:]), gm[:, 1:].float())
+        entries = [bank.entries[i] for i in rng.sample(range(len(bank)), min(cp.batch_size, len(bank)))]
+        exps, ids, attn, mask = _batch(bb, bank, task_emb, entries, n_ret)
+        loss, row = cold_start_losses(bb, comp, exps, ids, attn, mask, K=K, distill_weight=cp.distill_weight,
+                                      top_m=cp.distill_top_m)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(phi, 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        rows.append(row)
         if on_step is not None:
-            on_step(step, losses[-1])
+            on_step(step, row)
     for p in bb.adapter_params("student"):
         p.requires_grad_(True)
     bb.model.eval()
-    return comp, losses
+    return comp, rows
+
+
+# ---------------------------------------------------------------------------- privilege probe
+def condition_prefix(bb, comp: Composer, bank: ExperienceBank, task_emb: dict, tasks, cond: str, *, K: int,
+                     n_ret: int, seed: int):
+    """(prefix, prefix_mask, latent) of the teacher for ``tasks`` under probe condition ``cond``
+    (``relevant``/``shuffled``/``unrelated`` latents, ``text`` = relevant trajectories as text, ``none``)."""
+    if cond == "none":
+        return None, None, True
+    mode = "relevant" if cond == "text" else cond
+    exps = [[bb.fmt.experience_ids(e.messages) for e in bank.retrieve(t, task_emb[t.task_id], n_ret, mode, seed=seed)]
+            for t in tasks]
+    if cond == "text":
+        prefix, mask = text_context(bb, exps)
+        return prefix, mask, False
+    c = comp(exps, K)
+    return c, torch.ones(c.shape[:2], dtype=torch.long, device=c.device), True
+
+
+def _masked_sums(delta: torch.Tensor, mask: torch.Tensor) -> tuple[list[float], list[float]]:
+    used = mask > 0
+    return torch.where(used, delta, delta.new_zeros(())).sum(-1).tolist(), used.float().sum(-1).tolist()
 
 
 @torch.no_grad()
-def privilege_probe(bb, comp: Composer, bank: ExperienceBank, rollouts, val_emb: dict, *, K: int, n_ret: int,
-                    seeds: list[int]) -> dict:
-    """Mean δ over policy tokens of successful val rollouts, per bank mode and seed."""
-    from lopd.objectives import outcome_weighted_delta, token_delta
-    from lopd.rollout import collate
+def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int, seed: int, rollout_kw: dict,
+                rewards: dict, deltas: dict) -> None:
+    """One batch of one sample index: every condition rolled out with the same sampling seeds
+    (row seed = ``sample_seed(seed, task, sample)``: common random numbers), and every teacher's δ
+    on the student's rollouts; appends rows to ``rewards`` and ``deltas``."""
+    from lopd.evaluate import sample_seed
 
-    succ = [r for r in rollouts if r.reward >= 1.0]
-    out: dict = {"n_trajectories": len(succ), "K": K, "n_ret": n_ret, "by_mode": {}}
-    if not succ:
-        return out
-    ids, attn, mask = collate(succ, bb.fmt.pad_id, bb.device)
-    targets = ids[:, 1:]
-    s_logits = bb.logits(ids, attn, "student")[:, :-1]
-    s_tok = token_logprobs(s_logits, targets)
-    rewards = torch.ones(len(succ))
-    for mode in ("relevant", "shuffled", "none"):
-        vals = []
-        for seed in seeds if mode == "shuffled" else seeds[:1]:
-            if mode == "none":
-                t_logits = bb.teacher_logits(None, None, ids, attn)[:, :-1]
-            else:
-                exps = [[bb.fmt.experience_ids(e.messages)
-                         for e in bank.retrieve(r.task, val_emb[r.task.task_id], n_ret, mode, seed=seed)] for r in succ]
-                c = comp(exps, K)
-                t_logits = bb.teacher_logits(c, torch.ones(c.shape[:2], dtype=torch.long), ids, attn)[:, :-1]
-            d, _ = outcome_weighted_delta(token_delta(token_logprobs(t_logits, targets), s_tok), mask, rewards)
-            vals.append(float(d))
-        out["by_mode"][mode] = {"mean_delta": float(np.mean(vals)), "per_seed": vals}
-    return out
+    seeds = [sample_seed(seed, t.task_id, sample) for t in tasks]
+    bb.model.eval()
+    bb.mode("student")
+    stud = rollout_batch(bb.model, bb.fmt, envs, tasks, seeds=seeds, **rollout_kw)
+    rewards["student"] += [(r.task.task_id, r.reward) for r in stud]
+    ids, attn, gm = collate(stud, bb.fmt.pad_id, bb.device)
+    s_tok = token_logprobs(bb.logits(ids, attn, "student")[:, :-1], ids[:, 1:])
+    for cond in deltas:
+        prefix, pmask, latent = condition_prefix(bb, comp, bank, task_emb, tasks, cond, K=K, n_ret=n_ret, seed=sample)
+        policy = PrefixedPolicy(bb.model, prefix, pmask, latent=latent, prepare=lambda: bb.mode("teacher"))
+        rolls = rollout_batch(policy, bb.fmt, envs, tasks, seeds=seeds, **rollout_kw)
+        rewards[cond] += [(r.task.task_id, r.reward) for r in rolls]
+        t_tok = token_logprobs(bb.teacher_logits(prefix, pmask, ids, attn, latent_prefix=latent)[:, :-1], ids[:, 1:])
+        dsum, n = _masked_sums(token_delta(t_tok, s_tok), gm)
+        deltas[cond] += [(r.task.task_id, r.reward, d, c) for r, d, c in zip(stud, dsum, n)]
+
+
+def privilege_probe(bb, comp: Composer, bank: ExperienceBank, tasks, envs, task_emb: dict, *, K: int, n_ret: int,
+                    pp, ev, max_len: int, progress=None) -> dict:
+    """The premise gate on ``tasks`` (val): reward and δ per condition with intervals, and
+    ``premise_holds`` by the rule of :mod:`lopd.premise` (``pp`` = the ``probe`` params section,
+    ``ev`` = the ``evaluate`` section: sampling temperature, turn length, batch size)."""
+    from lopd.premise import (CONDITIONS, DELTA_PAIRS, REWARD_PAIRS, TEACHERS, compare, per_task_delta,
+                              per_task_reward, premise_rule)
+
+    rollout_kw = dict(max_new_tokens=ev.max_new_tokens, max_len=max_len, greedy=ev.greedy, temperature=ev.temperature)
+    rewards: dict = {c: [] for c in CONDITIONS}
+    deltas: dict = {c: [] for c in TEACHERS}
+    for s in range(pp.samples_per_task):
+        for b0 in range(0, len(tasks), ev.batch_size):
+            probe_batch(bb, comp, bank, envs, task_emb, tasks[b0:b0 + ev.batch_size], K=K, n_ret=n_ret, sample=s,
+                        seed=pp.seed, rollout_kw=rollout_kw, rewards=rewards, deltas=deltas)
+            if progress is not None:
+                progress()
+    reward = compare({c: per_task_reward(v) for c, v in rewards.items()}, REWARD_PAIRS, pp.confidence)
+    delta = compare({c: per_task_delta(v) for c, v in deltas.items()}, DELTA_PAIRS, pp.confidence)
+    gate = premise_rule(reward, delta, min_margin=pp.min_margin, min_delta=pp.min_delta, confidence=pp.confidence)
+    return {"premise_holds": gate["premise_holds"], "rule": gate["rule"], "checks": gate["checks"], "K": K,
+            "n_ret": n_ret, "samples_per_task": pp.samples_per_task, "n_tasks": len(tasks), "reward": reward,
+            "delta": delta}

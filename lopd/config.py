@@ -24,25 +24,65 @@ from lopd.errors import BadInput
 ARMS = tuple(ARM_REGISTRY)
 
 
+# Read recording (``tests/test_declared_reads.py``): when a set is installed, every read of a
+# section's key adds "section.key" to it, so a stage's reads can be compared with its dvc.yaml
+# declaration. ``Params`` itself is not recorded: reaching a section is not reading a key.
+_READS: set[str] | None = None
+
+
+def record_reads(into: set[str] | None) -> None:
+    """Start (a set) or stop (``None``) recording params reads."""
+    global _READS
+    _READS = into
+
+
+class unrecorded:
+    """Reads inside this block are not recorded: for checks whose result DVC already guarantees
+    (e.g. ``seed in train.seeds`` for a matrix stage — declaring ``train.seeds`` there would rerun
+    every seed's stage when one seed is added)."""
+
+    def __enter__(self):
+        global _READS
+        self._saved, _READS = _READS, None
+
+    def __exit__(self, *exc):
+        global _READS
+        _READS = self._saved
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+    def __getattribute__(self, name: str):
+        if _READS is not None and not name.startswith("_") and name in type(self).model_fields:
+            sec = _SECTION_NAMES.get(type(self).__name__)
+            if sec is not None:
+                _READS.add(f"{sec}.{name}")
+        return super().__getattribute__(name)
+
+    def model_dump(self, *args, **kwargs):
+        if _READS is not None and type(self).__name__ in _SECTION_NAMES:
+            exclude = kwargs.get("exclude") or ()
+            sec = _SECTION_NAMES[type(self).__name__]
+            _READS.update(f"{sec}.{k}" for k in type(self).model_fields if k not in exclude)
+        return super().model_dump(*args, **kwargs)
+
 
 class ModelParams(_Section):
-    name_or_path: str | None = None  # a local HF CausalLM dir; None = tiny model from config
-    arch: Literal["qwen3", "llama", "gpt2"] = "qwen3"
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    intermediate_size: int = Field(128, ge=8)
-    max_seq_len: int = Field(160, ge=16)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    lora_r: int = Field(8, ge=1)
-    lora_alpha: int = Field(16, ge=1)
-    lora_target_modules: list[str] | None = None
-    torch_threads: int = Field(2, ge=1)
+    name_or_path: str | None  # a local HF CausalLM dir; None = tiny model from config
+    arch: Literal["qwen3", "llama", "gpt2"]
+    hidden_size: int = Field(ge=8)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=8)
+    max_seq_len: int = Field(ge=16)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    device: Literal["auto", "cpu", "cuda"]
+    lora_r: int = Field(ge=1)
+    lora_alpha: int = Field(ge=1)
+    lora_target_modules: list[str] | None
+    torch_threads: int = Field(ge=1)
 
     @model_validator(mode="after")
     def _heads(self):
@@ -54,22 +94,22 @@ class ModelParams(_Section):
 
 
 class EnvParams(_Section):
-    domains: list[Literal["tool", "code"]] = ["tool", "code"]
-    tool_families: list[Literal["inventory", "bank", "thermo", "ticket"]] = ["inventory", "bank", "thermo", "ticket"]
+    domains: list[Literal["tool", "code"]]
+    tool_families: list[Literal["inventory", "bank", "thermo", "ticket"]]
     # evaluation-only benchmark domains (real models): read by the evaluate stage, never trained on
-    eval_domains: list[Literal["bfcl", "humaneval"]] = []
-    bfcl_categories: list[Literal["simple", "multiple"]] = ["simple"]
-    max_turns: int = Field(5, ge=1, le=20)
-    n_train: int = Field(400, ge=4)
-    n_val: int = Field(64, ge=4)
-    n_test: int = Field(128, ge=4)
-    seed: int = Field(1234, ge=0)
+    eval_domains: list[Literal["bfcl", "humaneval"]]
+    bfcl_categories: list[Literal["simple", "multiple"]]
+    max_turns: int = Field(ge=1, le=20)
+    n_train: int = Field(ge=4)
+    n_val: int = Field(ge=4)
+    n_test: int = Field(ge=4)
+    seed: int = Field(ge=0)
     # worlds (lopd.envs.base.WorldConfig): target worlds shared by train/val/test, disjoint
     # pretraining worlds for the base policy, options per convention slot, null world
-    n_target_worlds: int = Field(8, ge=1)
-    n_pretrain_worlds: int = Field(240, ge=1)
-    n_options: int = Field(2, ge=1, le=4)
-    null_world: bool = False
+    n_target_worlds: int = Field(ge=1)
+    n_pretrain_worlds: int = Field(ge=1)
+    n_options: int = Field(ge=1, le=4)
+    null_world: bool
 
     @model_validator(mode="after")
     def _world_count(self):
@@ -89,23 +129,24 @@ class EnvParams(_Section):
 
 
 class TrackingParams(_Section):
-    uri: str = "sqlite:///mlflow.db"
-    experiment: str = "lopd"
-    on_failure: Literal["warn", "fail"] = "warn"
+    uri: str
+    experiment: str
+    on_failure: Literal["warn", "fail"]
+    async_logging: bool
 
 
 class BaseParams(_Section):
-    tasks_per_world: int = Field(4, ge=2)
-    demos_per_task: int = Field(3, ge=1)
+    tasks_per_world: int = Field(ge=2)
+    demos_per_task: int = Field(ge=1)
     # P(n same-world successes in a demo's context) for n = 0, 1, ..., len-1
-    context_probs: list[float] = [0.25, 0.25, 0.25, 0.25]
-    context_loss: bool = True  # also supervise the context trajectories (lopd.base_policy.encode_demo)
-    noise: float = Field(0.3, ge=0.0, le=1.0)
-    truncate_prob: float = Field(0.1, ge=0.0, le=1.0)
-    steps: int = Field(300, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    seed: int = Field(0, ge=0)
+    context_probs: list[float]
+    context_loss: bool  # also supervise the context trajectories (lopd.base_policy.encode_demo)
+    noise: float = Field(ge=0.0, le=1.0)
+    truncate_prob: float = Field(ge=0.0, le=1.0)
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    seed: int = Field(ge=0)
 
     @field_validator("context_probs")
     @classmethod
@@ -123,52 +164,65 @@ class BaseParams(_Section):
 
 
 class EvalParams(_Section):
-    temperature: float = Field(1.0, gt=0)
-    greedy: bool = True
-    max_new_tokens: int = Field(12, ge=1)
-    batch_size: int = Field(64, ge=1)
+    temperature: float = Field(gt=0)
+    greedy: bool
+    max_new_tokens: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    samples_per_task: int = Field(ge=1)  # test-split rollouts per task (common random numbers across arms)
 
 
 class BankParams(_Section):
-    embedder: Literal["backbone", "minilm"] = "backbone"
-    rollouts_per_task: int = Field(2, ge=1)
-    min_reward: float = Field(1.0, ge=0.0, le=1.0)
-    seed: int = Field(0, ge=0)
+    embedder: Literal["backbone", "minilm"]
+    rollouts_per_task: int = Field(ge=1)
+    min_reward: float = Field(ge=0.0, le=1.0)
+    seed: int = Field(ge=0)
 
 
 class ColdStartParams(_Section):
-    steps: int = Field(120, ge=1)
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    k_max: int = Field(16, ge=1)
-    n_ret_max: int = Field(5, ge=1)
-    seed: int = Field(0, ge=0)
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    k_max: int = Field(ge=1)
+    n_ret_max: int = Field(ge=1)
+    seed: int = Field(ge=0)
+    distill_weight: float = Field(ge=0.0)  # weight of KL(text teacher ‖ latent teacher); 0 = NLL only
+    distill_top_m: int = Field(ge=1)
+
+
+class ProbeParams(_Section):
+    """The premise gate (lopd.premise): rollouts per val task per condition, and the pre-registered rule."""
+
+    samples_per_task: int = Field(ge=1)
+    seed: int = Field(ge=0)
+    confidence: float = Field(gt=0, lt=1)
+    min_margin: float = Field(ge=0.0)  # reward units
+    min_delta: float = Field(ge=0.0)  # nats per token
 
 
 class TrainParams(_Section):
-    arms: list[str] = list(ARMS)
-    seeds: list[int] = [0, 1, 2, 3, 4]
-    steps: int = Field(30, ge=1)
-    tasks_per_step: int = Field(16, ge=1)
-    group_size: int = Field(4, ge=1)
-    lr_student: float = Field(2e-3, gt=0)
-    lr_composer: float = Field(2e-3, gt=0)
-    margin: float = Field(0.05, ge=0.0)
-    K: int = Field(4, ge=1)
-    n_ret: int = Field(2, ge=1)
-    lambda_anchor: float = Field(0.2, ge=0.0)
-    eta_beta: float = Field(0.5, ge=0.0)
-    beta_init: float = Field(0.0, ge=0.0)
-    top_m: int = Field(20, ge=1)
-    support: Literal["teacher", "student", "union"] = "teacher"
-    temperature: float = Field(1.0, gt=0)
-    rollout_budget: int | None = Field(None, ge=1)
-    val_every: int = Field(10, ge=1)
-    val_tasks: int = Field(64, ge=1)
-    checkpoint_every: int = Field(5, ge=1)
-    beta_max: float = Field(50.0, gt=0)
-    infeasible_patience: int = Field(20, ge=1)
-    use_best_params: bool = True
+    arms: list[str]
+    seeds: list[int]
+    steps: int = Field(ge=1)
+    tasks_per_step: int = Field(ge=1)
+    group_size: int = Field(ge=1)
+    lr_student: float = Field(gt=0)
+    lr_composer: float = Field(gt=0)
+    margin: float = Field(ge=0.0)
+    K: int = Field(ge=1)
+    n_ret: int = Field(ge=1)
+    lambda_anchor: float = Field(ge=0.0)
+    eta_beta: float = Field(ge=0.0)
+    beta_init: float = Field(ge=0.0)
+    top_m: int = Field(ge=1)
+    support: Literal["teacher", "student", "union"]
+    temperature: float = Field(gt=0)
+    rollout_budget: int | None = Field(ge=1)
+    val_every: int = Field(ge=1)
+    val_tasks: int = Field(ge=1)
+    checkpoint_every: int = Field(ge=1)
+    beta_max: float = Field(gt=0)
+    infeasible_patience: int = Field(ge=1)
+    use_best_params: bool
 
     @field_validator("arms")
     @classmethod
@@ -189,16 +243,16 @@ class TrainParams(_Section):
 
 
 class HpoParams(_Section):
-    n_trials: int = Field(16, ge=1)
-    seed: int = Field(0, ge=0)
-    study_name: str = "lopd-val-search"
-    margin_choices: list[float] = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2]
-    k_choices: list[int] = [4, 8, 16]
-    n_ret_min: int = Field(1, ge=1)
-    n_ret_max: int = Field(5, ge=1)
-    seeds_per_trial: int = Field(1, ge=1)
-    steps: int = Field(20, ge=1)
-    val_every: int = Field(10, ge=1)
+    n_trials: int = Field(ge=1)
+    seed: int = Field(ge=0)
+    study_name: str
+    margin_choices: list[float]
+    k_choices: list[int]
+    n_ret_min: int = Field(ge=1)
+    n_ret_max: int = Field(ge=1)
+    seeds_per_trial: int = Field(ge=1)
+    steps: int = Field(ge=1)
+    val_every: int = Field(ge=1)
 
     @field_validator("margin_choices")
     @classmethod
@@ -222,35 +276,112 @@ class HpoParams(_Section):
 
 
 class SensitivityParams(_Section):
-    seeds: list[int] = [0, 1]
-    margins: list[float] = [0.0, 0.05, 0.2]
-    ks: list[int] = [4, 16]
-    n_rets: list[int] = [1, 3]
-    steps: int = Field(20, ge=1)
+    seeds: list[int]
+    margins: list[float]
+    ks: list[int]
+    n_rets: list[int]
+    steps: int = Field(ge=1)
+
+
+class RuleParams(_Section):
+    """The pre-registered falsification rule: its text (rendered first) and its structure."""
+
+    text: str
+    treatment: str
+    gain_over: list[str]  # part (i): treatment beats each of these
+    content_controls: list[str]  # part (ii): and each of these
+    rho: float | None = Field(gt=0, lt=1)  # smallest effect of interest; null = off
+    rho_baseline: str  # the arm in rho * (treatment - rho_baseline)
+
+    @model_validator(mode="after")
+    def _arms(self):
+        named = [self.treatment, *self.gain_over, *self.content_controls, self.rho_baseline]
+        unknown = sorted({a for a in named if a not in ARMS})
+        if unknown:
+            raise ValueError(f"report.rule names unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
+        others = [*self.gain_over, *self.content_controls]
+        if not self.gain_over or not self.content_controls or len(set(others)) != len(others) \
+                or self.treatment in others:
+            raise ValueError("report.rule: gain_over and content_controls must be non-empty, without "
+                             "duplicates, and must not contain the treatment arm")
+        return self
+
+
+class DesignParams(_Section):
+    """What the default seed count is sized for; tests/test_calibration.py simulates it."""
+
+    effect: float = Field(gt=0, lt=1)  # content effect lopd − control (= lopd − base), mean test reward
+    n_seeds: int = Field(ge=2)  # seeds of every arm the rule names
+    seed_sd: float = Field(ge=0)  # training-seed sd of an arm's mean test reward
+    n_tasks: int = Field(ge=1)
+    samples_per_task: int = Field(ge=1)
+    task_reward_low: float = Field(ge=0, le=1)  # per-task success probabilities ~ U(low, high)
+    task_reward_high: float = Field(ge=0, le=1)
+    power: float = Field(gt=0, lt=1)
+    n_sim: int = Field(ge=50)  # simulated experiments per design-power figure (report and calibration tests)
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.task_reward_low >= self.task_reward_high or self.task_reward_high + self.effect > 1:
+            raise ValueError("report.design: need task_reward_low < task_reward_high and "
+                             "task_reward_high + effect <= 1")
+        return self
 
 
 class ReportParams(_Section):
-    alpha: float = Field(0.05, gt=0, lt=1)
-    n_boot: int = Field(5000, ge=100)
-    falsification_rule: str = (
-        "The claim that retrieved content drives LOPD's gain survives only if lopd beats both "
-        "lopd_shuffled and lopd_unrelated on mean test reward with Holm-adjusted paired "
-        "permutation p < alpha."
-    )
+    alpha: float = Field(gt=0, lt=1)
+    n_boot: int = Field(ge=100)  # hierarchical-bootstrap and efficiency-CI resamples
+    rule: RuleParams
+    design: DesignParams
+
+
+class LaunchResources(_Section):
+    """What one Ray job reserves (Ray sets CUDA_VISIBLE_DEVICES to the GPUs it grants)."""
+
+    num_cpus: float = Field(ge=0)
+    num_gpus: float = Field(ge=0)
+
+
+class LaunchParams(_Section):
+    """``lopd launch`` (lopd/launch.py): the out-of-date stages as Ray jobs. Read by no stage."""
+
+    # per job, by stage name (the part before '@'); ``default`` for every stage not listed
+    resources: dict[str, LaunchResources]
+    max_retries: int = Field(ge=0)  # attempts after the first, per job
+    worktree_root: str | None  # null = <repo>/.dvc/tmp/launch (ignored by git and DVC)
+    shared_paths: list[str]  # linked into every worktree
+    keep_worktrees: bool  # keep each finished job's worktree (debugging)
+
+    @field_validator("resources")
+    @classmethod
+    def _has_default(cls, v):
+        if "default" not in v:
+            raise ValueError("launch.resources needs a `default` entry (the resources of every stage not listed)")
+        return v
+
+    @field_validator("shared_paths")
+    @classmethod
+    def _relative(cls, v):
+        bad = [p for p in v if Path(p).is_absolute() or ".." in Path(p).parts]
+        if bad:
+            raise ValueError(f"launch.shared_paths must be paths inside the repository, got {bad}")
+        return v
 
 
 class Params(_Section):
-    model: ModelParams = ModelParams()
-    envs: EnvParams = EnvParams()
-    tracking: TrackingParams = TrackingParams()
-    base: BaseParams = BaseParams()
-    evaluate: EvalParams = EvalParams()
-    bank: BankParams = BankParams()
-    cold_start: ColdStartParams = ColdStartParams()
-    train: TrainParams = TrainParams()
-    hpo: HpoParams = HpoParams()
-    sensitivity: SensitivityParams = SensitivityParams()
-    report: ReportParams = ReportParams()
+    model: ModelParams
+    envs: EnvParams
+    tracking: TrackingParams
+    base: BaseParams
+    evaluate: EvalParams
+    bank: BankParams
+    cold_start: ColdStartParams
+    probe: ProbeParams
+    train: TrainParams
+    hpo: HpoParams
+    sensitivity: SensitivityParams
+    report: ReportParams
+    launch: LaunchParams
 
     @model_validator(mode="after")
     def _cross(self):
@@ -263,8 +394,13 @@ class Params(_Section):
         return self
 
     def section_hash(self, *names: str) -> str:
-        d = {n: getattr(self, n).model_dump() for n in (names or type(self).model_fields)}
+        """A short hash of whole sections, for MLflow tags (not recorded as reads: a tag is not an output)."""
+        with unrecorded():
+            d = {n: getattr(self, n).model_dump() for n in (names or type(self).model_fields)}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_SECTION_NAMES = {f.annotation.__name__: name for name, f in Params.model_fields.items()}
 
 
 def deep_merge(base: dict, over: dict) -> dict:

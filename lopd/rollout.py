@@ -1,25 +1,44 @@
-"""Batched multi-turn rollouts with the KV cache.
+"""Batched multi-turn rollouts: one prefill per turn, a ragged KV cache, vectorised sampling.
 
-All sequences of a batch advance one position per decoding step. At each position a
-sequence either takes a *forced* token (its prompt, an environment observation, a role
-header — queued by the environment loop) or a token *sampled* from the policy. Because
-every sequence is fed token by token from position 0, there is no padding inside a
-sequence and the KV cache stays aligned across the batch; when a policy closes a turn
-(``<|end|>`` or ``max_new_tokens`` reached) the action is decoded, sent to the
-environment, and its observation is queued. Finished sequences are fed padding that is
-masked out afterwards.
+A sequence is its prompt, then turns of policy tokens and environment observations. Tokens
+that need no decision — the prompt, an observation and the role header after it, the
+``<|end|>`` that closes a turn which reached ``max_new_tokens`` — are appended without the
+model. Every forward pass feeds each live row its whole pending *chunk* (the prompt; or the
+token it just sampled, followed by the observation if that token closed the turn), so a
+turn's prefill costs one forward. Chunks are left-padded to a common width; the
+:class:`~lopd.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
+and gives the model explicit position ids and a 4-D mask, so padding is never attended to.
+For Llama-family models the forward is :class:`~lopd.fast_decoder.FastDecoder` (the same
+arithmetic as the Hugging Face + peft forward, without its per-call Python overhead).
+The next token of every row is chosen at once (:func:`lopd.sampling.choose_tokens`):
+``argmax`` when greedy, else a Gumbel-max draw keyed by (row seed, position) — a row's draws
+do not depend on the other rows of the batch. A finished row (episode over, or ``max_len``
+tokens) leaves the batch at once: its cache rows are dropped and, when its reward runs a
+sandboxed program, that program is scored in a worker thread while the others decode.
+
+Under greedy decoding the outputs equal the former one-token-per-forward engine's token for
+token (``tests/test_rollout_engine.py`` checks it against ``tests/reference_rollout.py``),
+except that a finished sequence is never followed by padding.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
-from lopd.envs.base import Task
+from lopd.envs.base import Episode, Task
+from lopd.envs.sandboxed import SandboxedEpisode
+from lopd.fast_decoder import FastDecoder
+from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
+from lopd.sampling import choose_tokens, seeds_from_generator
+
+ENGINES = ("auto", "hf")
+SCORING_WORKERS = 4  # episodes scored concurrently (each sandboxed program is its own process)
 
 
 @dataclass
@@ -34,6 +53,24 @@ class Rollout:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass
+class _Row:
+    """One episode in flight: its tokens so far, how many of them the cache holds (``fed``),
+    the forced tokens still to append (``queue``) and the current action's tokens (``cur``)."""
+
+    task: Task
+    episode: Episode
+    seed: int
+    seq: list[int] = field(default_factory=list)
+    gmask: list[int] = field(default_factory=list)
+    msgs: list[tuple[str, str]] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)
+    cur: list[int] = field(default_factory=list)
+    fed: int = 0
+    n_gen: int = 0
+    done: bool = False
+
+
 def _cache_kw(model) -> str:
     """transformers >= 5.x renamed ``past_key_values`` to ``cache``; support both."""
     import inspect
@@ -42,91 +79,150 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def _emit(row: _Row, tok: int, sampled: bool, fmt: ChatFormat, obs_ids) -> None:
+    """Append a token the policy decided (``sampled``) or a forced turn end; when it closes the
+    turn, send the action to the environment and queue its observation (``obs_ids(text)``)."""
+    row.seq.append(tok)
+    row.gmask.append(1 if sampled else 0)
+    row.n_gen += 1
+    if tok != fmt.end_id:
+        row.cur.append(tok)
+        return
+    action = fmt.decode(row.cur)
+    row.cur = []
+    row.msgs.append(("assistant", action))
+    res = row.episode.step(action)
+    if res.done:
+        row.done = True
+        return
+    obs = res.observation if res.observation is not None else ""
+    row.msgs.append(("obs", obs))
+    row.queue += obs_ids(obs)
+
+
+@contextmanager
+def _intra_op_threads(model, n: int | None):
+    if n is None or next(model.parameters()).device.type != "cpu" or n == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _append_forced(row: _Row, fmt: ChatFormat, obs_ids, max_len: int, max_new_tokens: int) -> bool:
+    """Append every token that needs no model decision; True if the row now waits for one,
+    False if it is finished (episode over, or ``max_len`` tokens)."""
+    while len(row.seq) < max_len and not row.done:
+        if row.queue:
+            k = min(len(row.queue), max_len - len(row.seq))
+            row.seq += row.queue[:k]
+            row.gmask += [0] * k
+            del row.queue[:k]
+        elif len(row.cur) >= max_new_tokens:
+            _emit(row, fmt.end_id, False, fmt, obs_ids)  # the turn ran out of tokens: closed, not the policy's choice
+        else:
+            return True
+    return False
+
+
+def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device, cache_kw: str,
+             fast: FastDecoder | None) -> torch.Tensor:
+    """Logits (B, V) at the last token of each row's chunk (left-padded into one batch)."""
+    width = max(len(c) for c in chunks)
+    ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in chunks], dtype=torch.long, device=device)
+    n_new = torch.tensor([len(c) for c in chunks], dtype=torch.long, device=device)
+    pos, mask = cache.plan(n_new, width) if cache is not None else full_sequence_plan(n_new, width)
+    if fast is not None:
+        logits = fast(ids, pos, mask, cache)
+    else:
+        kw = {cache_kw: cache} if cache is not None else {}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
+                       logits_to_keep=1, **kw).logits[:, -1, :]
+    if cache is not None:
+        cache.commit()
+    return logits.float()
+
+
 @torch.inference_mode()
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
-                  use_cache: bool = True) -> list[Rollout]:
-    """Roll the policy ``model`` out on ``tasks`` (one episode each).
+                  use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto",
+                  cpu_threads: int | None = 1) -> list[Rollout]:
+    """Roll the policy ``model`` out on ``tasks`` (one episode each, at most ``max_len`` tokens,
+    at most ``max_new_tokens`` policy tokens per turn).
 
     ``model`` is any Hugging Face causal LM (for a :class:`Backbone` pass ``bb.model`` after
-    ``bb.mode('student')``). ``envs`` maps a domain name to its environment.
+    ``bb.mode('student')``). ``envs`` maps a domain name to its environment. Sampling
+    (``greedy=False``) draws row ``i``'s token at position ``p`` from ``softmax(logits / T)``
+    with random numbers keyed by ``(seeds[i], p)`` only; without ``seeds`` the row seeds are
+    drawn from ``generator``. ``use_cache=False`` recomputes whole sequences every step.
+    ``engine``: ``"auto"`` runs the lean :class:`~lopd.fast_decoder.FastDecoder` forward where
+    it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
+    ``cpu_threads``: torch's intra-op threads while decoding on a CPU (restored afterwards;
+    ``None`` keeps the caller's). One by default: a decoding step is many tiny operations
+    that splitting across threads only slows down (every split waits for the slowest
+    thread, and on a busy machine that is a whole scheduler time slice), and the other core
+    is left to the sandboxed programs being scored meanwhile.
     """
-    device = next(model.parameters()).device
-    B = len(tasks)
-    if B == 0:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")
+    if not tasks:
         return []
-    episodes = [envs[t.domain].episode(t) for t in tasks]
-    queues = [deque(fmt.prompt_ids(t.prompt)) for t in tasks]
-    seqs: list[list[int]] = [[] for _ in range(B)]
-    gmask: list[list[int]] = [[] for _ in range(B)]
-    msgs: list[list[tuple[str, str]]] = [[("user", t.prompt)] for t in tasks]
-    cur: list[list[int]] = [[] for _ in range(B)]
-    done = [False] * B
-    n_gen = [0] * B
-    for i in range(B):
-        seqs[i].append(queues[i].popleft())
-        gmask[i].append(0)
-    past = None
-    pad = fmt.pad_id
+    if seeds is not None and len(seeds) != len(tasks):
+        raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
+    if not greedy and seeds is None:
+        seeds = seeds_from_generator(len(tasks), generator)
+    rows = [_Row(task=t, episode=envs[t.domain].episode(t), seed=seeds[i] if seeds else 0,
+                 msgs=[("user", t.prompt)], queue=fmt.prompt_ids(t.prompt)) for i, t in enumerate(tasks)]
+    with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool, _intra_op_threads(model, cpu_threads):
+        scores: dict[int, float | Future] = {}
+        _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,
+                temperature=temperature, use_cache=use_cache, engine=engine)
+        rewards = [float(scores[i].result() if isinstance(scores[i], Future) else scores[i]) for i in range(len(rows))]
+    return [Rollout(task=r.task, messages=r.msgs, ids=r.seq, gen_mask=r.gmask, reward=rewards[i],
+                    n_generated=r.n_gen, finished=r.done) for i, r in enumerate(rows)]
+
+
+def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: ThreadPoolExecutor, *, max_new_tokens: int,
+            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str) -> None:
+    """Run every row to its end. A finished row is scored at once into ``scores[i]``: in a
+    ``pool`` thread when its reward runs a sandboxed program (concurrently with decoding),
+    inline otherwise (cheaper than a thread hand-off)."""
+    device = next(model.parameters()).device
+    obs_ids = lru_cache(maxsize=None)(fmt.obs_ids)  # observations repeat across rows and turns
+
+    def still_running(i: int) -> bool:
+        if _append_forced(rows[i], fmt, obs_ids, max_len, max_new_tokens):
+            return True
+        ep = rows[i].episode
+        scores[i] = pool.submit(ep.reward) if isinstance(ep, SandboxedEpisode) else ep.reward()
+        return False
+
+    live = [i for i in range(len(rows)) if still_running(i)]
+    cache = RaggedKVCache(len(live), max_len, device) if use_cache and live else None
+    seed_of = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
     cache_kw = _cache_kw(model)
-    for _ in range(max_len - 1):
-        if all(done):
-            break
-        if use_cache:
-            inp = torch.tensor([[s[-1]] for s in seqs], device=device)
-            out = model(input_ids=inp, use_cache=True, **{cache_kw: past})
-            past = getattr(out, "cache", None) if cache_kw == "cache" else out.past_key_values
-        else:
-            inp = torch.tensor(seqs, device=device)
-            out = model(input_ids=inp, use_cache=False)
-        logits = out.logits[:, -1, :].float()
-        if greedy:
-            sampled = logits.argmax(-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        sampled = sampled.tolist()
-        for i in range(B):
-            if done[i]:
-                seqs[i].append(pad)
-                gmask[i].append(0)
-                continue
-            if queues[i]:
-                seqs[i].append(queues[i].popleft())
-                gmask[i].append(0)
-                continue
-            tok = sampled[i]
-            forced_end = len(cur[i]) >= max_new_tokens
-            if forced_end:
-                tok = fmt.end_id  # the turn ran out of tokens: close it (not the policy's choice)
-            seqs[i].append(tok)
-            gmask[i].append(0 if forced_end else 1)
-            n_gen[i] += 1
-            if tok != fmt.end_id:
-                cur[i].append(tok)
-                continue
-            action = fmt.decode(cur[i])
-            cur[i] = []
-            msgs[i].append(("assistant", action))
-            res = episodes[i].step(action)
-            if res.done:
-                done[i] = True
-            else:
-                obs = res.observation if res.observation is not None else ""
-                msgs[i].append(("obs", obs))
-                queues[i].extend(fmt.obs_ids(obs))
-    # score every episode; sandboxed programs run concurrently (each is its own process)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        rewards = list(pool.map(lambda ep: float(ep.reward()), episodes))
-    out_rollouts = []
-    for i, t in enumerate(tasks):
-        # trim trailing padding (everything after the last real token)
-        n = len(seqs[i])
-        if done[i]:
-            n = len(seqs[i]) - next(j for j, tok in enumerate(reversed(seqs[i])) if tok == fmt.end_id)
-        out_rollouts.append(Rollout(task=t, messages=msgs[i], ids=seqs[i][:n], gen_mask=gmask[i][:n],
-                                    reward=rewards[i], n_generated=n_gen[i], finished=done[i]))
-    return out_rollouts
+    fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
+    while live:
+        chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
+        logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
+        at = torch.tensor(live, dtype=torch.long, device=device)
+        positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
+        tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, seeds=seed_of[at],
+                               positions=positions).tolist()
+        keep = []
+        for j, (i, tok) in enumerate(zip(live, tokens)):
+            rows[i].fed = len(rows[i].seq)
+            _emit(rows[i], tok, True, fmt, obs_ids)
+            if still_running(i):
+                keep.append(j)
+        if cache is not None and len(keep) < len(live):
+            cache.keep(keep)
+        live = [live[j] for j in keep]
 
 
 def collate(rollouts: list[Rollout], pad_id: int, device: torch.device | str = "cpu"):

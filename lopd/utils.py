@@ -1,8 +1,9 @@
-"""Small shared helpers: seeding, atomic file writes, history tables."""
+"""Small shared helpers, written once: seeding, atomic file writes, hashing, JSON cleaning, tables."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -36,13 +37,49 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON atomically (tmp + rename) so a killed stage never leaves half a file."""
+def clean_json(x: Any) -> Any:
+    """Plain JSON data: NaN/inf → None, tuples → lists, numpy/torch scalars → Python numbers."""
+    return _clean(x)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file and rename, so a kill never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (sorted keys, cleaned values) so a killed stage never leaves half a file."""
+    atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_path(path: str | Path) -> str:
+    """SHA-256 of a file, or of a directory's (relative path, file hash) list; ``missing`` if absent."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    if path.is_dir():
+        items = [(str(p.relative_to(path)), sha256_file(p)) for p in sorted(path.rglob("*")) if p.is_file()]
+        return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+    return "missing"
 
 
 def read_json(path: str | Path) -> Any:
@@ -60,15 +97,15 @@ def fmt_num(v: Any) -> str:
 
 
 def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: list[str]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(columns)
-        for r in rows:
-            w.writerow([fmt_num(r.get(c)) for c in columns])
-    os.replace(tmp, path)
+    """Write ``rows`` (only ``columns``, in that order) as CSV, atomically."""
+    import io
+
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([fmt_num(r.get(c)) for c in columns])
+    atomic_write_text(path, buf.getvalue())
 
 
 def progress():

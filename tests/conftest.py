@@ -2,10 +2,12 @@
 
 ``workspace``: a session-wide scratch directory holding the outputs of the early pipeline
 stages (prepare → base → bank → cold_start) run on a *tiny* profile, so tests of the
-trainer, arms, checkpoints and search can start from real artefacts in seconds. Tests
-that change the working directory use ``monkeypatch.chdir(workspace.root)``; they must not
-modify the shared artefacts (write under their own ``tmp_path`` or into ``runs/`` with a
-unique name).
+trainer, arms, checkpoints and search can start from real artefacts in seconds. Paths are
+rooted at the workspace (``workspace.paths``), never at the working directory; tests must not
+modify the shared artefacts (write under their own ``tmp_path``).
+
+``smoke_recorded`` / ``smoke_warm``: the whole smoke pipeline (``dvc repro`` in a clean copy of
+the repository), once per session each; every end-to-end test shares them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ class Workspace:
     root: Path
     params_path: Path
 
+    @property
+    def paths(self):
+        from lopd.paths import Paths
+
+        return Paths(self.root)
+
     def params(self, **over):
         from lopd.config import deep_merge, parse_params
 
@@ -59,26 +67,20 @@ def workspace(tmp_path_factory) -> Workspace:
     raw = tiny_params_dict()
     raw["tracking"]["uri"] = f"sqlite:///{root / 'mlflow.db'}"
     pp.write_text(yaml.safe_dump(raw))
-    old = os.getcwd()
-    os.chdir(root)
-    try:
-        from lopd.cli import main
+    from lopd.cli import main
 
-        for cmd in ("prepare", "base", "bank", "cold-start"):
-            rc = main(["--params", str(pp), cmd])
-            assert rc == 0, f"workspace stage {cmd} failed with {rc}"
-    finally:
-        os.chdir(old)
+    for cmd in ("prepare", "base", "bank", "cold-start"):
+        rc = main(["--params", str(pp), cmd])
+        assert rc == 0, f"workspace stage {cmd} failed with {rc}"
     return Workspace(root=root, params_path=pp)
 
 
 @pytest.fixture
-def resources(workspace, monkeypatch):
+def resources(workspace):
     """Loaded backbone, bank, φ0 and tasks of the workspace (fresh per test: adapters are mutated)."""
-    from lopd import stages
+    from lopd.pipeline.common import load_resources
 
-    monkeypatch.chdir(workspace.root)
-    return stages.load_resources(workspace.params(), role="train")
+    return load_resources(workspace.params(), workspace.paths, role="train")
 
 
 def copy_repo(dst: Path) -> Path:
@@ -95,3 +97,69 @@ def copy_repo(dst: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, out)
     return dst
+
+
+# --------------------------------------------------------------------------- the shared smoke pipeline
+BIN = Path(__import__("sys").executable).parent
+
+
+def run_cmd(cmd: list[str], cwd: Path, timeout: int, **env_over):
+    import subprocess
+
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", **env_over}
+    for k in [k for k, v in env.items() if v is None]:
+        env.pop(k)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class Smoke:
+    """A clean copy of the repository after ``dvc repro`` on the smoke profile."""
+
+    repo: Path
+    records: Path | None  # per-stage read records (LOPD_RECORD_DIR), or None
+    seconds: float
+    stdout: str
+
+
+def make_smoke_repo(dst: Path) -> Path:
+    repo = copy_repo(dst)
+    for cmd in (["git", "init", "-q"], [str(BIN / "lopd"), "apply-profile", "profiles/smoke.yaml"],
+                ["git", "add", "-A"], ["git", "commit", "-qm", "smoke"]):
+        r = run_cmd(cmd, repo, 120)
+        assert r.returncode == 0, r.stderr
+    return repo
+
+
+def run_smoke(dst: Path, record: bool) -> Smoke:
+    import time
+
+    repo = make_smoke_repo(dst)
+    records = repo.parent / (repo.name + "-records") if record else None
+    t0 = time.time()
+    env = {"LOPD_RECORD_DIR": str(records)} if record else {"LOPD_WARM": "1"}
+    r = run_cmd([str(BIN / "dvc"), "repro"], repo, 1800, **env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return Smoke(repo=repo, records=records, seconds=time.time() - t0, stdout=r.stdout)
+
+
+@pytest.fixture(scope="session")
+def smoke_recorded(tmp_path_factory) -> Smoke:
+    """The smoke pipeline, every stage in its own process recording its reads (no warm worker)."""
+    return run_smoke(tmp_path_factory.mktemp("smoke-rec") / "repo", record=True)
+
+
+@pytest.fixture(scope="session")
+def smoke_warm(tmp_path_factory) -> Smoke:
+    """The smoke pipeline as `make repro` runs it: stages forked from the warm worker."""
+    return run_smoke(tmp_path_factory.mktemp("smoke-warm") / "repo", record=False)
+
+
+def default_params(over: dict | None = None):
+    """params.yaml (the only source of defaults) with ``over`` merged in, validated."""
+    from lopd.config import deep_merge, parse_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    return parse_params(deep_merge(raw, over or {}), "params.yaml + test overrides")

@@ -27,14 +27,9 @@ def shared(workspace):
     from lopd.evaluate import make_envs
 
     params = workspace.params()
-    old = os.getcwd()
-    os.chdir(workspace.root)
-    try:
-        reader = data_mod.SplitReader("data/splits", role="train")
-        train, val = reader.load("train"), reader.load("val")
-        bank = ExperienceBank.load("models/bank")
-    finally:
-        os.chdir(old)
+    reader = data_mod.SplitReader(workspace.paths.splits, role="train")
+    train, val = reader.load("train"), reader.load("val")
+    bank = ExperienceBank.load(workspace.paths.bank)
     return params, bank, train, val, make_envs(params)
 
 
@@ -43,16 +38,17 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     from lopd.arms import get_arm
     from lopd.bank import ExperienceBank, embed_tasks
     from lopd.envs.base import Task
-    from lopd.config import ModelParams
+    from tests.conftest import default_params
     from lopd.model.backbone import Backbone, build_tiny_model, load_causal_lm
     from lopd.model.composer import Composer
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary, load_tokenizer
-    from lopd.trainer import HParams, Resources, Trainer
+    from lopd.training.trainer import HParams, Resources, Trainer
 
     params, bank, train, val, envs = shared
     torch.set_num_threads(2)
-    mp = ModelParams(arch=arch, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                     max_seq_len=params.model.max_seq_len, device="cpu", dtype="float32")
+    mp = default_params({"model": dict(arch=arch, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                       intermediate_size=64, max_seq_len=params.model.max_seq_len, device="cpu",
+                                       dtype="float32")}).model
     tok = build_tokenizer(env_vocabulary(["tool", "code"]))
     d = tmp_path / arch
     build_tiny_model(mp, tok, seed=0).save_pretrained(str(d))
@@ -78,7 +74,7 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     res.task_emb = dict(zip([t.task_id for t in tasks], embed_tasks("backbone", bb, tasks)))
     hp = HParams.from_params(params, steps=2, tasks_per_step=4, val_every=2, val_tasks=4, checkpoint_every=2)
     tr = Trainer(res, get_arm("lopd"), hp, seed=0)
-    tr.prime_c0(tasks)
+    tr.prepare(tasks)
     before = {k: v.clone() for k, v in bb.adapter_state("student").items()}
     phi_before = [p.detach().clone() for p in tr.phi]
     for _ in range(2):
@@ -89,3 +85,21 @@ def test_arch_runs_two_lopd_steps(arch, shared, tmp_path):
     moved = max(float((after[k] - before[k]).abs().max()) for k in before)
     assert moved > 0, f"{arch}: the student LoRA did not move"
     assert any(not torch.equal(a, b) for a, b in zip(tr.phi, phi_before)), f"{arch}: φ did not move"
+
+
+def test_lora_targets_come_from_peft_defaults_with_an_override():
+    """peft's per-architecture defaults (GPT-NeoX included, refused by the old hand-kept list);
+    ``model.lora_target_modules`` overrides; an architecture peft does not know is a clear error."""
+    from types import SimpleNamespace
+
+    from lopd.errors import BadInput
+    from lopd.model.backbone import lora_targets
+
+    def fake(model_type):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
+
+    assert lora_targets(fake("gpt_neox"), None) == ["query_key_value"]
+    assert lora_targets(fake("qwen3"), None) == ["q_proj", "v_proj"]
+    assert lora_targets(fake("qwen3"), ["q_proj", "k_proj"]) == ["q_proj", "k_proj"]
+    with pytest.raises(BadInput, match="lora_target_modules"):
+        lora_targets(fake("no-such-arch"), None)

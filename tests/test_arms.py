@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from lopd import objectives as obj
+from lopd.training import objectives as obj
 from lopd.arms import ARMS
 from lopd.rollout import collate, rollout_batch
 
@@ -33,21 +33,17 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
 @pytest.fixture(scope="module")
 def arm_runs(workspace, tmp_path_factory):
     """Every registered arm, 2 steps, seed 0, through ``run_arm`` (the stage's code path)."""
-    from lopd import stages
+    from lopd.pipeline.common import load_resources
+    from lopd.training.run import run_arm
 
     out = tmp_path_factory.mktemp("arms")
-    old = os.getcwd()
-    os.chdir(workspace.root)
-    try:
-        params = _small(workspace)
-        res = stages.load_resources(params, role="train")
-        res.val_tasks = res.val_tasks[:4]  # the final validation: keep it cheap
-        runs = {}
-        for arm in ARMS:
-            r = stages.run_arm(params, res, arm, 0, out / arm, ckpt_dir=None)
-            runs[arm] = (r, out / arm)
-    finally:
-        os.chdir(old)
+    params = _small(workspace)
+    res = load_resources(params, workspace.paths, role="train")
+    res.val_tasks = res.val_tasks[:4]  # the final validation: keep it cheap
+    runs = {}
+    for arm in ARMS:
+        r, _ = run_arm(params, res, arm, 0, out / arm, ckpt_dir=None)
+        runs[arm] = (r, out / arm)
     return runs
 
 
@@ -84,7 +80,7 @@ def test_rollout_budget_is_equal_across_arms(arm_runs):
 
 
 def _trainer(resources, workspace, arm, seed=0):
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     hp = HParams.from_params(_small(workspace))
     return Trainer(resources, ARMS[arm], hp, seed)
@@ -102,7 +98,7 @@ def _prefix_ids(bb, prefix_emb: torch.Tensor, mask: torch.Tensor) -> list[int]:
 
 
 def test_opsd_text_teacher_reads_retrieved_trajectories_student_does_not(resources, workspace, monkeypatch):
-    import lopd.trainer as trainer_mod
+    import lopd.training.trainer as trainer_mod
 
     tr = _trainer(resources, workspace, "opsd_text")
     bb, fmt = resources.bb, resources.bb.fmt
@@ -194,7 +190,7 @@ def test_grpo_advantages_on_hand_made_group():
 
 
 def test_grpo_trainer_zero_variance_group_makes_no_update(resources, workspace, monkeypatch):
-    import lopd.trainer as trainer_mod
+    import lopd.training.trainer as trainer_mod
 
     real = trainer_mod.rollout_batch
 
@@ -212,3 +208,24 @@ def test_grpo_trainer_zero_variance_group_makes_no_update(resources, workspace, 
     assert m["loss"] == 0.0
     assert tr.rollouts_used == TASKS_PER_STEP
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_same_seed_same_initial_student_and_task_order_in_every_arm(workspace, resources):
+    """Pairing arms by training seed is meaningful only if a seed fixes the starting student and
+    the tasks each step trains on, whatever the arm (GRPO samples whole groups, so it is exempt)."""
+    from lopd.training.trainer import HParams, Trainer
+
+    params = _small(workspace)
+    hp = HParams.from_params(params)
+    seen = {}
+    for arm in [a for a in ARMS.values() if not a.grouped]:
+        for seed in (0, 1):
+            tr = Trainer(resources, arm, hp, seed)
+            init = {k: v.clone() for k, v in resources.bb.adapter_state("student").items()}
+            order = [[t.task_id for t in tr.sample_tasks()] for _ in range(3)]
+            seen[(arm.name, seed)] = (init, order)
+    for (arm, seed), (init, order) in seen.items():
+        ref_init, ref_order = seen[("lopd", seed)]
+        assert order == ref_order, f"{arm} seed {seed} trains on other tasks than lopd"
+        assert all(torch.equal(init[k], ref_init[k]) for k in ref_init), f"{arm} seed {seed} starts elsewhere"
+    assert seen[("lopd", 0)][1] != seen[("lopd", 1)][1], "different seeds must give different task orders"

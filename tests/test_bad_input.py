@@ -13,9 +13,10 @@ import torch
 
 from lopd.arms import ARMS, get_arm
 from lopd.bank import BANK_MODES, Experience, ExperienceBank
-from lopd.checkpoint import load_checkpoint, load_tensors_verified, save_checkpoint, save_tensors
+from lopd.training.checkpoint import load_checkpoint, load_tensors_verified, save_checkpoint, save_tensors
 from lopd.envs.base import Task
 from lopd.errors import BadInput
+from tests.conftest import default_params  # noqa: E402
 
 # ------------------------------------------------------------------ checkpoints
 
@@ -301,13 +302,12 @@ def test_tiny_causal_lm_loads(tmp_path):
 
 
 def test_cuda_device_without_cuda():
-    from lopd.config import parse_params
     from lopd.model.backbone import resolve_device
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     with pytest.raises(BadInput, match="no CUDA device"):
-        resolve_device(parse_params({"model": {"device": "cuda"}}).model)
+        resolve_device(default_params({"model": {"device": "cuda"}}).model)
 
 
 # ------------------------------------------------------------------ tracking
@@ -320,12 +320,11 @@ def fast_mlflow(monkeypatch):
 
 
 def test_unreachable_tracking_warns(fast_mlflow, capsys, tmp_path, monkeypatch):
-    from lopd.config import TrackingParams
     from lopd.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     t0 = time.time()
-    tr = Tracker(TrackingParams(uri="http://127.0.0.1:9", on_failure="warn"), "run", {"stage": "test"})
+    tr = Tracker(default_params({"tracking": {"uri": "http://127.0.0.1:9", "on_failure": "warn"}}), "run", {"stage": "test"})
     assert time.time() - t0 < 15
     assert tr.ok is False and tr.run_id is None
     assert tr.status.startswith("failed")
@@ -342,19 +341,17 @@ def test_unreachable_tracking_warns(fast_mlflow, capsys, tmp_path, monkeypatch):
 
 
 def test_unreachable_tracking_fails(fast_mlflow):
-    from lopd.config import TrackingParams
     from lopd.tracking import Tracker
 
     with pytest.raises(BadInput, match="on_failure") as ei:
-        Tracker(TrackingParams(uri="http://127.0.0.1:9", on_failure="fail"), "run", {"stage": "test"})
+        Tracker(default_params({"tracking": {"uri": "http://127.0.0.1:9", "on_failure": "fail"}}), "run", {"stage": "test"})
     assert "127.0.0.1:9" in str(ei.value)
 
 
 def test_disabled_tracker():
-    from lopd.config import TrackingParams
     from lopd.tracking import Tracker
 
-    tr = Tracker(TrackingParams(on_failure="fail"), "run", {}, enabled=False)
+    tr = Tracker(default_params({"tracking": {"on_failure": "fail"}}), "run", {}, enabled=False)
     assert not tr.ok and tr.status == "failed: disabled (not rank 0)"
     tr.log_metrics({"x": 1.0}, 0)
     tr.end()

@@ -1,9 +1,9 @@
 """Two-rank data parallelism on CPU (gloo) under ``torchrun --standalone --nproc_per_node 2``.
 
-* a toy check of :class:`lopd.distributed.World`: ranks start from *different* LoRA inits,
+* a toy check of :class:`lopd.training.distributed.World`: ranks start from *different* LoRA inits,
   ``broadcast_params`` makes them identical, each rank takes one step on different data, and
   with ``all_reduce_grads`` the adapters stay bit-identical (without it, they differ);
-* the real :class:`lopd.trainer.Trainer` (``run_arm(..., world=...)``) for 2 LOPD steps on the
+* the real :class:`lopd.training.trainer.Trainer` (``run_arm(..., world=...)``) for 2 LOPD steps on the
   workspace: both ranks end with the same student LoRA, composer φ and β.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.conftest import REPO
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -29,8 +30,8 @@ TOY = textwrap.dedent(
 
     import torch
 
-    from lopd.config import ModelParams
-    from lopd.distributed import World, params_digest
+    from lopd.config import load_params
+    from lopd.training.distributed import World, params_digest
     from lopd.model.backbone import Backbone, build_tiny_model
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary
 
@@ -39,7 +40,7 @@ TOY = textwrap.dedent(
     world = World.from_env("cpu")
     assert world is not None, "WORLD_SIZE not set: not launched by torchrun?"
     tok = build_tokenizer(env_vocabulary(["tool", "code"]))
-    mp = ModelParams()
+    mp = load_params(Path(sys.argv[2])).model
     bb = Backbone(build_tiny_model(mp, tok, seed=0), tok, mp)
     theta = bb.adapter_params("student")
     torch.manual_seed(100 + world.rank)  # a different adapter per rank: the broadcast must fix it
@@ -90,16 +91,17 @@ TRAINER = textwrap.dedent(
 
     import yaml
 
-    from lopd import stages
     from lopd.config import parse_params
-    from lopd.distributed import World, broadcast_trainer, params_digest
-    from lopd.trainer import Trainer
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_resources
+    from lopd.training.run import run_arm
+    from lopd.training.distributed import World, broadcast_trainer, params_digest
+    from lopd.training.trainer import Trainer
 
     root, params_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    os.chdir(root)
     params = parse_params(yaml.safe_load(params_path.read_text()), "test params")
     world = World.from_env("cpu")
-    res = stages.load_resources(params, role="train")
+    res = load_resources(params, Paths(root), role="train")
 
     sampled = []
     _sample, _init = Trainer.sample_tasks, Trainer.__init__
@@ -115,8 +117,7 @@ TRAINER = textwrap.dedent(
         init.trainer = self
 
     Trainer.sample_tasks, Trainer.__init__ = sample_tasks, init
-    r = stages.run_arm(params, res, "lopd", 0, out / "run", ckpt_dir=None, world=world, use_selected=False,
-                       final_val=False)
+    r, _ = run_arm(params, res, "lopd", 0, out / "run", ckpt_dir=None, world=world, final_val=False)
     tr = init.trainer
     rec = {"rank": world.rank, "world_size": world.world_size, "beta": tr.beta, "steps": tr.step,
            "student": params_digest(res.bb.adapter_params("student")),
@@ -150,7 +151,7 @@ def _torchrun(script: Path, args: list[str], tmp_path: Path, timeout: int = 120)
 
 
 def test_world_single_process_is_none(monkeypatch):
-    from lopd.distributed import World, broadcast_trainer
+    from lopd.training.distributed import World, broadcast_trainer
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert World.from_env() is None
@@ -162,7 +163,7 @@ def test_world_single_process_is_none(monkeypatch):
 def test_two_ranks_stay_identical_only_with_all_reduce(tmp_path):
     script = tmp_path / "toy.py"
     script.write_text(TOY)
-    r0, r1 = _torchrun(script, [str(tmp_path)], tmp_path)
+    r0, r1 = _torchrun(script, [str(tmp_path), str(REPO / "params.yaml")], tmp_path)
     assert r0["world_size"] == r1["world_size"] == 2
     assert r0["init"] != r1["init"], "ranks were meant to start from different adapters"
     assert r0["start"] == r1["start"], "broadcast_params did not make the ranks identical"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from lopd import objectives as obj
+from lopd.training import objectives as obj
 from lopd.arms import ARMS
-from lopd.trainer import HParams, Trainer
+from lopd.training.trainer import HParams, Trainer
 
 
 def _snap(params):
@@ -30,7 +30,7 @@ def _trainer(resources, arm, workspace, **over):
 
 def test_one_lopd_step_routes_gradients(resources, workspace):
     tr = _trainer(resources, "lopd", workspace)
-    tr.prime_c0(resources.train_tasks)
+    tr.prepare(resources.train_tasks)
     bb = resources.bb
     base = _snap(bb.base_params())
     student = _snap(bb.adapter_params("student"))
@@ -53,7 +53,7 @@ def test_one_lopd_step_routes_gradients(resources, workspace):
 
 def test_frozen_composer_does_not_move(resources, workspace):
     tr = _trainer(resources, "lopd_frozen", workspace)
-    tr.prime_c0(resources.train_tasks)
+    tr.prepare(resources.train_tasks)
     bb = resources.bb
     comp_lora = _snap(bb.adapter_params("composer"))
     block = _snap(list(tr.composer.block.parameters()))
@@ -69,7 +69,7 @@ def test_margin_term_reaches_phi_not_theta(resources, workspace):
     tr = _trainer(resources, "lopd", workspace)
     bb = resources.bb
     tasks = resources.train_tasks[:4]
-    tr.prime_c0(tasks)
+    tr.prepare(tasks)
     bb.mode("student")
     from lopd.rollout import collate, rollout_batch
 
@@ -78,8 +78,8 @@ def test_margin_term_reaches_phi_not_theta(resources, workspace):
     ids, attn, mask = collate(rolls, bb.fmt.pad_id, bb.device)
     targets = ids[:, 1:]
     s_tok = obj.token_logprobs(bb.logits(ids, attn, "student")[:, :-1], targets)
-    prefix, pmask, c_phi, _, _ = tr.teacher_prefix(tasks)
-    t_tok = obj.token_logprobs(bb.teacher_logits(prefix, pmask, ids, attn)[:, :-1], targets)
+    ctx = tr.context.build(tasks)
+    t_tok = obj.token_logprobs(bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn)[:, :-1], targets)
     delta = obj.token_delta(t_tok, s_tok)
     d_phi, _ = obj.outcome_weighted_delta(delta, mask, torch.ones(len(rolls)))  # all weights 1
     for p in tr.theta + tr.composer.phi_params():
@@ -103,7 +103,6 @@ def test_inactive_adapter_gets_no_gradient(resources):
 def test_merged_student_equals_adapter_forward(resources, workspace):
     """Evaluation folds the student LoRA into the base weights: same logits as the adapter path."""
     from lopd.model.backbone import load_student_policy
-    from lopd.stages import BASE_DIR
 
     bb = resources.bb
     with torch.no_grad():
@@ -113,7 +112,7 @@ def test_merged_student_equals_adapter_forward(resources, workspace):
     ids = torch.tensor([[2, 3, 10, 11, 6, 4, 12, 13]])
     with torch.no_grad():
         want = bb.logits(ids, torch.ones_like(ids), "student")
-        model, _ = load_student_policy(workspace.params(), workspace.root / BASE_DIR, state)
+        model, _ = load_student_policy(workspace.params(), workspace.paths.base, state)
         got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert not torch.allclose(want, bb.logits(ids, torch.ones_like(ids), "teacher"), atol=1e-4)
     assert torch.allclose(want, got, atol=1e-4), (want - got).abs().max()

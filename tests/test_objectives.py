@@ -1,4 +1,4 @@
-"""Hand-computed tests for lopd.objectives.
+"""Hand-computed tests for lopd.training.objectives.
 
 Every expected value is written out from the probabilities with plain ``math`` — never by
 calling the function under test or ``torch.nn.functional.kl_div``.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from lopd.objectives import (
+from lopd.training.objectives import (
     KLResult,
     anchor_loss,
     dual_update,

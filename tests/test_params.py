@@ -12,6 +12,7 @@ from lopd.arms import ARMS
 from lopd.cli import main
 from lopd.config import load_params, parse_params
 from lopd.errors import BadInput
+from tests.conftest import REPO, default_params  # noqa: E402
 
 REPO_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -56,9 +57,10 @@ def test_repo_params_valid(tmp_path, capsys, base_raw):
     assert p.train.K == base_raw["train"]["K"]
 
 
-def test_empty_params_uses_defaults(tmp_path, capsys):
-    rc, _ = _validate(tmp_path, capsys, "")
-    assert rc == 0
+def test_empty_params_is_refused_naming_the_missing_keys(tmp_path, capsys):
+    """No hidden defaults: an empty params file names what is missing (params.yaml is the only source)."""
+    rc, out = _validate(tmp_path, capsys, "")
+    assert rc == 2 and "Field required" in out and "model" in out and "train" in out
 
 
 # (change, substrings that the message must contain)
@@ -115,8 +117,7 @@ def test_unknown_key_lists_exactly_allowed(tmp_path, capsys, base_raw):
     assert rc == 2
     line = next(ln for ln in out.splitlines() if "envs.n_tran" in ln)
     allowed = line.split("allowed keys here:")[1].strip().split(", ")
-    assert allowed == ["bfcl_categories", "domains", "eval_domains", "max_turns", "n_test", "n_train", "n_val", "seed",
-                       "tool_families"]
+    assert allowed == sorted(base_raw["envs"])  # exactly the section's keys (params.yaml lists them all)
 
 
 def test_unknown_section_lists_sections(tmp_path, capsys, base_raw):
@@ -124,8 +125,8 @@ def test_unknown_section_lists_sections(tmp_path, capsys, base_raw):
     assert rc == 2
     line = next(ln for ln in out.splitlines() if "extra" in ln)
     allowed = set(line.split("allowed keys here:")[1].strip().split(", "))
-    assert allowed == {"model", "envs", "tracking", "base", "evaluate", "bank", "cold_start", "train", "hpo",
-                       "sensitivity", "report"}
+    assert allowed == {"model", "envs", "tracking", "base", "evaluate", "bank", "cold_start", "probe", "train", "hpo",
+                       "sensitivity", "report", "launch"}
 
 
 def test_several_errors_reported_together(tmp_path, capsys, base_raw):
@@ -177,9 +178,9 @@ def test_profile_merged_and_validated(tmp_path, capsys, base_raw):
 
 def test_parse_params_raises_badinput():
     with pytest.raises(BadInput) as ei:
-        parse_params({"train": {"K": 0}})
+        default_params({"train": {"K": 0}})
     assert ei.value.exit_code == 2
-    assert parse_params({}).train.K == 4
+    assert default_params().train.K == yaml.safe_load((REPO / "params.yaml").read_text())["train"]["K"]
 
 
 @pytest.mark.parametrize("cmd", [["prepare"], ["base"], ["bank"], ["cold-start"], ["train", "--arm", "lopd", "--seed", "0"],
@@ -275,3 +276,18 @@ def test_profile_yaml_error_names_profile(tmp_path, capsys, base_raw):
     out = capsys.readouterr().err
     assert rc == 2
     assert "prof.yaml" in out
+
+
+def test_params_yaml_is_the_only_source_of_defaults():
+    """The schema has types and ranges only: every key of every section must come from params.yaml."""
+    from lopd.config import Params
+
+    def with_default(model, prefix=""):
+        for name, f in model.model_fields.items():
+            if not f.is_required():
+                yield prefix + name
+            sub = getattr(f.annotation, "model_fields", None)
+            if sub is not None:
+                yield from with_default(f.annotation, prefix + name + ".")
+
+    assert list(with_default(Params)) == []

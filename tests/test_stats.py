@@ -1,3 +1,5 @@
+"""lopd.analysis.stats: hand-computed cases, scipy as the reference, simulation for power."""
+
 import itertools
 import math
 import warnings
@@ -6,14 +8,19 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lopd.stats import (
+from lopd.analysis.stats import (
+    eval_noise_share,
+    hierarchical_bootstrap_ci,
     holm,
+    joint_power,
     min_detectable_diff,
-    paired_diff,
-    paired_permutation_p,
+    min_sign_flip_p,
+    paired_t,
     prob_improvement,
     seeds_needed,
+    sign_flip_p,
     summarize,
+    t_test,
     t_test_power,
 )
 
@@ -25,214 +32,214 @@ def test_summarize_t_ci_matches_scipy():
     s = summarize(SAMPLE, confidence=0.9)
     x = np.array(SAMPLE)
     lo, hi = stats.t.interval(0.9, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-    assert s["n"] == 7
-    assert s["mean"] == pytest.approx(x.mean())
-    assert s["std"] == pytest.approx(x.std(ddof=1))
-    assert s["ci_low"] == pytest.approx(lo)
-    assert s["ci_high"] == pytest.approx(hi)
+    assert (s["n"], s["mean"], s["std"]) == (7, pytest.approx(x.mean()), pytest.approx(x.std(ddof=1)))
+    assert (s["ci_low"], s["ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
     assert s["ci_half"] == pytest.approx((hi - lo) / 2)
-
-
-def test_summarize_bootstrap_contains_mean_and_deterministic():
-    s1 = summarize(SAMPLE, n_boot=2000, seed=3)
-    s2 = summarize(SAMPLE, n_boot=2000, seed=3)
-    s3 = summarize(SAMPLE, n_boot=2000, seed=4)
-    assert s1["boot_low"] < s1["mean"] < s1["boot_high"]
-    assert (s1["boot_low"], s1["boot_high"]) == (s2["boot_low"], s2["boot_high"])
-    assert (s1["boot_low"], s1["boot_high"]) != (s3["boot_low"], s3["boot_high"])
-    # the percentile interval lies within the sample range
-    assert min(SAMPLE) <= s1["boot_low"] and s1["boot_high"] <= max(SAMPLE)
 
 
 def test_iqm_hand_computed():
     # 8 values, cut 2 from each end -> mean(3, 4, 5, 6) = 4.5
-    assert summarize([1, 2, 3, 4, 5, 6, 7, 100], n_boot=100)["iqm"] == pytest.approx(4.5)
-    assert summarize([100, 7, 1, 6, 2, 5, 3, 4], n_boot=100)["iqm"] == pytest.approx(4.5)
+    assert summarize([1, 2, 3, 4, 5, 6, 7, 100])["iqm"] == pytest.approx(4.5)
+    assert summarize([100, 7, 1, 6, 2, 5, 3, 4])["iqm"] == pytest.approx(4.5)
 
 
-def test_summarize_single_value():
+def test_summarize_single_and_constant():
     s = summarize([0.5])
-    assert s["n"] == 1 and s["mean"] == 0.5 and s["iqm"] == 0.5
-    for k in ("std", "ci_low", "ci_high", "ci_half", "boot_low", "boot_high"):
-        assert math.isnan(s[k]), k
-
-
-def test_summarize_constant_no_warnings():
+    assert s["n"] == 1 and s["mean"] == 0.5 and all(math.isnan(s[k]) for k in ("std", "ci_low", "ci_high", "ci_half"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         s = summarize([2.0, 2.0, 2.0, 2.0])
-    assert s["std"] == 0.0
-    assert s["ci_low"] == s["ci_high"] == s["boot_low"] == s["boot_high"] == 2.0
-    assert s["ci_half"] == 0.0
+    assert s["std"] == 0.0 and s["ci_low"] == s["ci_high"] == 2.0 and s["ci_half"] == 0.0
 
 
-# -------------------------------------------------------------- permutation
-def _brute_perm_p(a, b):
-    d = np.asarray(a, float) - np.asarray(b, float)
-    obs = abs(d.mean())
-    hits = total = 0
-    for signs in itertools.product((1.0, -1.0), repeat=len(d)):
-        m = abs(sum(s * v for s, v in zip(signs, d)) / len(d))
-        hits += m >= obs - 1e-12
-        total += 1
-    return hits / total
+# ----------------------------------------------------------------- t-test
+def test_t_test_hand_computed():
+    # d = [1, 2, 3]: mean 2, sd 1, t = 2 / (1/sqrt 3) = 2 sqrt 3, df 2
+    r = t_test([1.0, 2.0, 3.0], alternative="greater", confidence=0.95)
+    assert r["t"] == pytest.approx(2 * math.sqrt(3)) and r["df"] == 2 and r["diff"] == pytest.approx(2.0)
+    assert r["p"] == pytest.approx(stats.t.sf(2 * math.sqrt(3), 2))
+    assert r["ci_low"] == pytest.approx(2.0 - stats.t.ppf(0.95, 2) / math.sqrt(3)) and r["ci_high"] == math.inf
+    two = t_test([1.0, 2.0, 3.0])
+    assert two["p"] == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2))
+    assert two["ci_high"] - 2.0 == pytest.approx(stats.t.ppf(0.975, 2) / math.sqrt(3))
 
 
-@pytest.mark.parametrize("n", [6, 10])
-def test_permutation_matches_brute_force(n):
-    rng = np.random.default_rng(n)
-    a = rng.normal(0.3, 1.0, n)
-    b = rng.normal(0.0, 1.0, n)
-    assert paired_permutation_p(a, b) == pytest.approx(_brute_perm_p(a, b), abs=1e-12)
-
-
-def test_permutation_with_ties_in_abs_diffs():
-    # |d| = 1 for all -> many flips tie exactly with the observed mean
-    a = [1.0, 1.0, 1.0, 0.0]
-    b = [0.0, 0.0, 0.0, 1.0]  # d = [1, 1, 1, -1], mean 0.5
-    # |sum| >= 2 requires at most one sign disagreeing with the majority:
-    # sums 4 or -4 (2 ways) and +-2 (8 ways) -> 10/16
-    assert paired_permutation_p(a, b) == pytest.approx(10 / 16)
-    assert paired_permutation_p(a, b) == pytest.approx(_brute_perm_p(a, b))
-
-
-def test_permutation_hand_case():
-    # d = [1, 2, 3]: only the all-+ and all-- flips reach |mean| = 2 -> 2/8
-    assert paired_permutation_p([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]) == pytest.approx(0.25)
-
-
-def test_permutation_all_zero_and_symmetry():
-    assert paired_permutation_p([1, 2, 3], [1, 2, 3]) == 1.0
+def test_paired_t_equals_ttest_rel_and_is_vectorised():
     rng = np.random.default_rng(0)
-    a, b = rng.normal(size=8), rng.normal(size=8)
-    assert paired_permutation_p(a, b) == paired_permutation_p(b, a)
+    a, b = rng.normal(size=(2, 6, 9))
+    r = paired_t(a, b, alternative="greater")
+    ref = stats.ttest_rel(a, b, axis=-1, alternative="greater")
+    np.testing.assert_allclose(r["p"], ref.pvalue)
+    np.testing.assert_allclose(r["t"], ref.statistic)
+    assert paired_t(a[2], b[2], alternative="greater")["p"] == pytest.approx(r["p"][2])
 
 
-def test_permutation_monte_carlo_large_n():
+def test_t_test_degenerate_rows():
+    r = t_test(np.array([[0.1, 0.1, 0.1], [0.0, 0.0, 0.0], [-0.2, -0.2, -0.2]]), alternative="greater")
+    assert list(r["t"]) == [math.inf, 0.0, -math.inf] and list(r["p"]) == [0.0, 1.0, 1.0]
+    assert math.isnan(t_test([0.3])["p"])
+
+
+# ----------------------------------------------------------------- sign flip
+def _brute(d, alternative):
+    d = np.asarray(d, float)
+    obs, hits = d.sum(), 0
+    for s in itertools.product((1.0, -1.0), repeat=d.size):
+        v = float(np.dot(s, d))
+        hits += {"greater": v >= obs - 1e-12, "less": v <= obs + 1e-12,
+                 "two-sided": abs(v) >= abs(obs) - 1e-12}[alternative]
+    return hits / 2**d.size
+
+
+def test_sign_flip_hand_cases():
+    # d = [1, 2, 3]: only the identity reaches S = 6 -> 1/8 one-sided; |S| >= 6: 2/8 two-sided
+    assert sign_flip_p([1.0, 2.0, 3.0], alternative="greater") == pytest.approx(1 / 8)
+    assert sign_flip_p([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert sign_flip_p([1.0, 2.0, 3.0], alternative="less") == pytest.approx(1.0)
+    # d = [1, 1, 1, -1], S = 2: S(s) >= 2 needs at most one of the four terms negative: 1 + 4 = 5 of 16;
+    # |S(s)| >= 2: 10 of 16
+    d = [1.0, 1.0, 1.0, -1.0]
+    assert sign_flip_p(d, alternative="greater") == pytest.approx(5 / 16)
+    assert sign_flip_p(d) == pytest.approx(10 / 16)
+    assert sign_flip_p([0.0, 0.0, 0.0]) == 1.0
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+@pytest.mark.parametrize("n", [2, 5, 9, 12])
+def test_sign_flip_matches_brute_force_and_scipy(n, alternative):
+    rng = np.random.default_rng(n)
+    d = np.round(rng.normal(0.2, 1.0, n), 1)  # rounding makes ties between flipped sums
+    ref = stats.permutation_test((d,), lambda x, axis: np.sum(x, axis=axis), permutation_type="samples",
+                                 n_resamples=np.inf, vectorized=True, alternative=alternative).pvalue
+    assert sign_flip_p(d, alternative=alternative) == pytest.approx(ref, abs=1e-12)
+    if n <= 9:
+        assert sign_flip_p(d, alternative=alternative) == pytest.approx(_brute(d, alternative), abs=1e-12)
+
+
+def test_sign_flip_batched_and_exact_at_twenty():
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.3, 1.0, (5, 8))
+    np.testing.assert_allclose(sign_flip_p(d, alternative="greater"),
+                               [sign_flip_p(row, alternative="greater") for row in d])
+    assert sign_flip_p(np.arange(1.0, 21.0), alternative="greater") == 2.0**-20  # exact: only the identity
+    # above 20 pairs: Monte Carlo, counting the observed labelling once
+    assert sign_flip_p(np.arange(1.0, 26.0), alternative="greater", n_mc=999) == pytest.approx(1 / 1000)
+
+
+def test_min_sign_flip_p():
+    assert min_sign_flip_p(5) == 1 / 32 and min_sign_flip_p(5, alternative="two-sided") == 2 / 32
+    assert min_sign_flip_p(4) == 0.0625  # > 0.05: four seeds can never reject one-sided at 0.05
+    assert min_sign_flip_p(0) == 1.0
+
+
+# ----------------------------------------------------------------- effect sizes
+def test_hierarchical_bootstrap_hand_cases():
+    c = np.array([[1.0, 1.0, 3.0], [1.0, 1.0, 3.0]])
+    # constant per seed and stratum: theta = mean of stratum means = (1 + 3) / 2, and no spread
+    assert hierarchical_bootstrap_ci(c, strata=["a", "a", "b"], n_boot=200) == (2.0, 2.0, 2.0)
+    # without strata: mean over tasks = 5/3, and resampling the tasks now moves it (between 1 and 3)
+    theta, lo, hi = hierarchical_bootstrap_ci(c, n_boot=200)
+    assert theta == pytest.approx(5 / 3) and 1.0 <= lo < theta < hi <= 3.0
+    assert np.isnan(hierarchical_bootstrap_ci(c[:1], n_boot=10)[1])
+
+
+def test_hierarchical_bootstrap_reduces_to_seed_bootstrap_without_task_noise():
     rng = np.random.default_rng(1)
-    n = 20
-    a = rng.normal(0.0, 1.0, n)
-    b = a - rng.normal(0.5, 1.0, n)  # d ~ N(0.5, 1)
-    p = paired_permutation_p(a, b)
-    assert p == paired_permutation_p(a, b)  # seeded -> deterministic
-    assert 0 < p <= 1
-    # Monte Carlo agrees with a t-test-ish ballpark and with a different seed
-    p2 = paired_permutation_p(a, b, seed=123)
-    assert abs(p - p2) < 0.01
-    # all-positive differences with n = 20 -> essentially only the identity hits
-    assert paired_permutation_p(np.arange(1.0, 21.0), np.zeros(20)) < 1e-4
+    v = rng.normal(0.05, 0.02, 10)
+    c = np.repeat(v[:, None], 32, axis=1)  # every task of a seed has its seed's value
+    theta, lo, hi = hierarchical_bootstrap_ci(c, n_boot=4000, seed=2)
+    ref = stats.bootstrap((v,), np.mean, n_resamples=4000, method="percentile", rng=np.random.default_rng(5))
+    assert theta == pytest.approx(v.mean()) and lo < theta < hi
+    assert lo == pytest.approx(ref.confidence_interval.low, abs=0.002)
+    assert hi == pytest.approx(ref.confidence_interval.high, abs=0.002)
+    assert (theta, lo, hi) == hierarchical_bootstrap_ci(c, n_boot=4000, seed=2)
 
 
-# -------------------------------------------------------------- paired_diff
-def test_paired_diff():
-    a = np.array([0.80, 0.82, 0.79, 0.85, 0.81, 0.83])
-    b = np.array([0.78, 0.80, 0.79, 0.80, 0.77, 0.82])
-    r = paired_diff(a, b, n_boot=3000, seed=1)
-    assert r["n"] == 6
-    assert r["diff_mean"] == pytest.approx(np.mean(a - b))
-    assert r["boot_low"] <= r["diff_mean"] <= r["boot_high"]
-    assert r["p_perm"] == pytest.approx(_brute_perm_p(a, b))
-    assert r == paired_diff(a, b, n_boot=3000, seed=1)
-
-
-# --------------------------------------------------------------------- holm
 def test_holm_hand_worked():
-    adj = holm([0.01, 0.04, 0.03, 0.005])
-    assert adj == pytest.approx([0.03, 0.06, 0.06, 0.02])
-
-
-def test_holm_cap_and_single():
-    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
-    assert holm([0.2]) == pytest.approx([0.2])
-    adj = holm([0.3, 0.001, 0.02, 0.02])
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([0.2]) == pytest.approx([0.2])
     # sorted: .001*4=.004, .02*3=.06, .02*2=.04->.06, .3*1=.3
-    assert adj == pytest.approx([0.3, 0.004, 0.06, 0.06])
+    assert holm([0.3, 0.001, 0.02, 0.02]) == pytest.approx([0.3, 0.004, 0.06, 0.06])
 
 
-# --------------------------------------------------------- prob_improvement
 def test_prob_improvement_hand_counted_with_ties():
-    a = [1, 2, 3]
-    b = [2, 2, 0]
-    # pairs (a, b): 1 vs 2,2,0 -> 1 win; 2 vs 2,2,0 -> 1 win + 2 ties;
-    # 3 vs 2,2,0 -> 3 wins. wins = 5, ties = 2 -> (5 + 1) / 9
-    assert prob_improvement(a, b) == pytest.approx(6 / 9)
-    assert prob_improvement(b, a) == pytest.approx(3 / 9)
-    assert prob_improvement([1.0], [1.0]) == 0.5
-    assert prob_improvement([5, 6], [1, 2, 3]) == 1.0
+    # (a, b) pairs: 1 vs 2,2,0 -> 1 win; 2 vs 2,2,0 -> 1 win + 2 ties; 3 vs 2,2,0 -> 3 wins: (5 + 1) / 9
+    assert prob_improvement([1, 2, 3], [2, 2, 0]) == pytest.approx(6 / 9)
+    assert prob_improvement([2, 2, 0], [1, 2, 3]) == pytest.approx(3 / 9)
+    assert prob_improvement([1.0], [1.0]) == 0.5 and prob_improvement([5, 6], [1, 2, 3]) == 1.0
 
 
-# ---------------------------------------------------------------- power
-def _mc_power(diff, std, n, *, paired=True, alpha=0.05, sims=4000, seed=0):
-    rng = np.random.default_rng(seed)
-    if paired:
-        d = rng.normal(diff, std, size=(sims, n))
-        p = stats.ttest_1samp(d, 0.0, axis=1).pvalue
-    else:
-        x = rng.normal(diff, std, size=(sims, n))
-        y = rng.normal(0.0, std, size=(sims, n))
-        p = stats.ttest_ind(x, y, axis=1).pvalue
-    return float(np.mean(p < alpha))
+# ----------------------------------------------------------------- power
+def _mc_power(diff, std, n, alternative, sims=4000, seed=0):
+    d = np.random.default_rng(seed).normal(diff, std, size=(sims, n))
+    return float(np.mean(stats.ttest_1samp(d, 0.0, axis=1, alternative=alternative).pvalue < 0.05))
 
 
-def test_min_detectable_diff_monotone():
+@pytest.mark.parametrize("n,alternative", [(5, "greater"), (12, "greater"), (8, "two-sided")])
+def test_min_detectable_diff_power_by_simulation(n, alternative):
+    mdd = min_detectable_diff(0.05, n, alternative=alternative)
+    assert t_test_power(mdd, 0.05, n, alternative=alternative) == pytest.approx(0.8, abs=1e-9)
+    assert _mc_power(mdd, 0.05, n, alternative, seed=n) == pytest.approx(0.8, abs=0.03)
+
+
+def test_min_detectable_diff_monotone_and_scaling():
     vals = [min_detectable_diff(0.1, n) for n in range(2, 30)]
     assert all(v1 > v2 for v1, v2 in zip(vals, vals[1:]))
-    assert min_detectable_diff(0.1, 1) == math.inf
-    assert min_detectable_diff(0.0, 5) == 0.0
-    # scales linearly with std, unpaired needs a bigger diff than paired (same std)
+    assert min_detectable_diff(0.1, 1) == math.inf and min_detectable_diff(0.0, 5) == 0.0
     assert min_detectable_diff(0.2, 8) == pytest.approx(2 * min_detectable_diff(0.1, 8))
-    assert min_detectable_diff(0.1, 8, paired=False) > min_detectable_diff(0.1, 8)
+    # a one-sided test detects smaller effects than a two-sided one
+    assert min_detectable_diff(0.1, 8) < min_detectable_diff(0.1, 8, alternative="two-sided")
 
 
-@pytest.mark.parametrize("n,paired", [(5, True), (12, True), (8, False)])
-def test_min_detectable_diff_power_by_simulation(n, paired):
-    std = 0.05
-    mdd = min_detectable_diff(std, n, paired=paired)
-    assert t_test_power(mdd, std, n, paired=paired) == pytest.approx(0.8, abs=1e-9)
-    assert _mc_power(mdd, std, n, paired=paired, seed=n) == pytest.approx(0.8, abs=0.03)
-
-
-def test_seeds_needed_consistent():
+def test_seeds_needed_matches_the_test_actually_run():
     std = 0.1
-    for n in (2, 3, 5, 10, 25):
+    for n in (5, 10, 25):  # the exact test can reject from n = 5 on (1/32 < 0.05), so t-power decides
         mdd = min_detectable_diff(std, n)
-        assert seeds_needed(mdd, std) == n
-        assert seeds_needed(-mdd, std) == n
-        assert seeds_needed(mdd * 1.001, std) <= n
-        assert seeds_needed(mdd * 0.999, std) == n + 1
-    assert seeds_needed(0.0, std) is None
-    assert seeds_needed(1e-4, std, max_n=50) is None
-    assert seeds_needed(0.1, 0.0) == 2
+        assert seeds_needed(mdd, std) == n and seeds_needed(mdd * 0.999, std) == n + 1
+    # a huge effect: 2 seeds give the t-test its power, but the exact check needs 1/2^n < 0.05: n = 5
+    assert t_test_power(1.0, 0.01, 2) > 0.99 and seeds_needed(1.0, 0.01) == 5
+    assert seeds_needed(1.0, 0.01, alternative="two-sided") == 6  # 2/2^5 = 0.0625, 2/2^6 < 0.05
+    assert seeds_needed(0.0, std) is None and seeds_needed(-0.05, std) is None  # wrong direction, one-sided
+    assert seeds_needed(1e-4, std, max_n=50) is None and seeds_needed(0.1, 0.0) == 5
 
 
-# ------------------------------------------------------------- bad input
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda: summarize([]),
-        lambda: summarize([1.0, float("nan")]),
-        lambda: summarize([[1.0, 2.0]]),
-        lambda: summarize(["a", "b"]),
-        lambda: summarize([1.0, 2.0], confidence=1.5),
-        lambda: summarize([1.0, 2.0], n_boot=0),
-        lambda: paired_permutation_p([1, 2], [1, 2, 3]),
-        lambda: paired_permutation_p([], []),
-        lambda: paired_diff([1, 2, 3], [1]),
-        lambda: holm([]),
-        lambda: holm([0.1, 1.2]),
-        lambda: holm([-0.1]),
-        lambda: prob_improvement([], [1.0]),
-        lambda: prob_improvement([1.0], [float("inf")]),
-        lambda: min_detectable_diff(-1.0, 5),
-        lambda: min_detectable_diff(1.0, 5, alpha=0.0),
-        lambda: min_detectable_diff(1.0, 5, power=1.0),
-        lambda: min_detectable_diff(1.0, 5, power=0.01),
-        lambda: min_detectable_diff(1.0, 2.5),
-        lambda: seeds_needed(0.1, -1.0),
-        lambda: seeds_needed(0.1, 1.0, max_n=1),
-        lambda: t_test_power(0.1, 0.0, 5),
-    ],
-)
+def test_joint_power_by_simulation():
+    # one contrast: the joint power is the t-test power
+    assert joint_power([0.05], [[0.05**2]], 8, n_sim=6000) == pytest.approx(t_test_power(0.05, 0.05, 8), abs=0.02)
+    # two independent contrasts: the product of the powers
+    p = t_test_power(0.05, 0.05, 8)
+    assert joint_power([0.05, 0.05], np.eye(2) * 0.05**2, 8, n_sim=6000) == pytest.approx(p * p, abs=0.025)
+
+
+# ----------------------------------------------------------------- evaluation noise
+def test_eval_noise_share_hand_computed():
+    # seeds × tasks × samples; per-seed means 0.75 and 0.25 -> V = 0.125; within-task variances (ddof=1)
+    # 0.5, 0, 0, 0.5 -> E_K = mean over seeds of (1/2)^2 * 0.5 / 2 = 0.0625
+    x = [[[0, 1], [1, 1]], [[0, 0], [1, 0]]]
+    r = eval_noise_share(x)
+    assert r["seed_var"] == pytest.approx(0.125) and r["eval_var"] == pytest.approx(0.0625)
+    assert r["share"] == pytest.approx(0.5)
+    assert r["eval_var_1"] == pytest.approx(0.125) and r["share_1"] == pytest.approx(0.125 / 0.1875)
+    # weights: all on task 0 -> m = (0.5, 0), V = 0.125; E_K = mean(1 * 0.5 / 2, 0) = 0.125: share 1
+    r = eval_noise_share(x, weights=[1.0, 0.0])
+    assert r["seed_var"] == pytest.approx(0.125) and r["eval_var"] == pytest.approx(0.125)
+    assert r["share"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize("call", [
+    lambda: summarize([]), lambda: summarize([1.0, float("nan")]), lambda: summarize([[1.0, 2.0]]),
+    lambda: summarize(["a", "b"]), lambda: summarize([1.0, 2.0], confidence=1.5),
+    lambda: t_test([1.0, 2.0], alternative="bigger"), lambda: paired_t([1, 2], [1, 2, 3]),
+    lambda: sign_flip_p([]), lambda: sign_flip_p([1, 2, 3], [1]), lambda: sign_flip_p([1.0, 2.0], n_mc=0),
+    lambda: hierarchical_bootstrap_ci([1.0, 2.0]), lambda: hierarchical_bootstrap_ci([[1.0, 2.0]], strata=["a"]),
+    lambda: holm([]), lambda: holm([0.1, 1.2]), lambda: prob_improvement([], [1.0]),
+    lambda: min_detectable_diff(-1.0, 5), lambda: min_detectable_diff(1.0, 5, alpha=0.0),
+    lambda: min_detectable_diff(1.0, 5, power=0.01), lambda: seeds_needed(0.1, -1.0),
+    lambda: seeds_needed(0.1, 1.0, max_n=1), lambda: t_test_power(0.1, 0.0, 5),
+    lambda: joint_power([0.1, 0.1], [[1.0]], 5), lambda: eval_noise_share([[[1.0]], [[0.0]]]),
+    lambda: eval_noise_share([[[1.0, 0.0]], [[0.0, 1.0]]], weights=[0.5]),
+])
 def test_bad_input_raises(call):
     with pytest.raises(ValueError):
         call()

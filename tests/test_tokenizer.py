@@ -181,12 +181,12 @@ def test_join_context_is_the_one_rendering(reloaded):
 def test_world_names_use_a_fixed_vocabulary():
     """World names are syllable pairs: the vocabulary (and so the tokenizer) does not depend on
     how many worlds there are, and every syllable of a target world's name is a known word."""
-    from lopd.config import parse_params
     from lopd.envs import make_env
+    from tests.conftest import default_params
     from lopd.envs.base import SYLLABLES
 
-    small = parse_params({"envs": {"n_target_worlds": 3, "n_pretrain_worlds": 5}})
-    big = parse_params({"envs": {"n_target_worlds": 16, "n_pretrain_worlds": 240}})
+    small = default_params({"envs": {"n_target_worlds": 3, "n_pretrain_worlds": 5}})
+    big = default_params({"envs": {"n_target_worlds": 16, "n_pretrain_worlds": 240}})
     words = env_vocabulary(["tool", "code"], small.envs)
     assert words == env_vocabulary(["tool", "code"], big.envs)
     assert set(SYLLABLES) <= set(words)

@@ -9,6 +9,7 @@ import pytest
 from lopd.envs import make_env
 from lopd.envs.base import Episode
 from lopd.envs.tool import FAMILIES, ToolEnv, run_actions
+from tests.conftest import default_params  # noqa: E402
 
 N = 200  # tasks per check (50 per family)
 
@@ -276,9 +277,7 @@ def test_run_actions_stops_at_done(env, tasks):
 
 
 def test_make_env_uses_params():
-    from lopd.config import parse_params
-
-    p = parse_params({"envs": {"tool_families": ["thermo"], "max_turns": 2}})
+    p = default_params({"envs": {"tool_families": ["thermo"], "max_turns": 2}})
     env = make_env("tool", p.envs)
     assert env.max_turns == 2 and env.families == ["thermo"]
     assert {t.family for t in env.generate(0, 6)} == {"thermo"}

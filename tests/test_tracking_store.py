@@ -9,15 +9,15 @@ STEPS = 3
 
 @pytest.fixture
 def tracked_run(workspace, resources, tmp_path):
-    from lopd.stages import run_arm
+    from lopd.training.run import run_arm
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = workspace.params(tracking={"uri": uri},
                               train={"steps": STEPS, "tasks_per_step": 8, "val_every": STEPS, "val_tasks": 2,
                                      "use_best_params": False})
     resources.val_tasks = resources.val_tasks[:4]
-    r = run_arm(params, resources, "lopd", 0, tmp_path / "run", ckpt_dir=None)
-    return uri, r
+    r, meta = run_arm(params, resources, "lopd", 0, tmp_path / "run", ckpt_dir=None)
+    return uri, {**r, **meta}
 
 
 def test_lopd_run_logs_signals_every_step_and_provenance_tags(tracked_run):

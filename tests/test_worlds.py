@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lopd.config import deep_merge, parse_params, read_yaml_mapping
+from tests.conftest import default_params
 from lopd.data import SPLITS, generate_splits
 from lopd.envs import WorldConfig, make_env
 from lopd.envs.code import SLOTS, CodeEnv
@@ -49,7 +50,7 @@ def test_worlds_seeded_and_deterministic(cls):
     p = _params()
     a, b = make_env(cls.domain, p.envs), make_env(cls.domain, p.envs)
     assert a.worlds == b.worlds
-    other = make_env(cls.domain, parse_params({"envs": {**p.envs.model_dump(), "seed": p.envs.seed + 1}}).envs)
+    other = make_env(cls.domain, default_params({"envs": {"seed": p.envs.seed + 1}}).envs)
     assert [w.conventions for w in a.worlds["target"]] != [w.conventions for w in other.worlds["target"]]
     assert len(a.worlds["target"]) == p.envs.n_target_worlds
     assert len(a.worlds["pretrain"]) == p.envs.n_pretrain_worlds
@@ -192,7 +193,7 @@ def _with(t, **conv):
 def test_wrong_code_constant_fails(n_options):
     from lopd.envs.code import _trusted_passes
 
-    p = parse_params({"envs": {"n_options": n_options}})
+    p = default_params({"envs": {"n_options": n_options}})
     env = make_env("code", p.envs)
     for t in env.generate(4, 200):
         s = t.spec
@@ -217,8 +218,7 @@ def test_base_pretraining_uses_pretraining_worlds_only():
     from lopd.base_policy import pretraining_demos, pretraining_seed, trajectory
     from lopd.evaluate import make_envs
 
-    p = parse_params(deep_merge(read_yaml_mapping(REPO / "params.yaml"),
-                                {"envs": {"n_pretrain_worlds": 8}, "base": {"tasks_per_world": 4, "demos_per_task": 2}}))
+    p = default_params({"envs": {"n_pretrain_worlds": 8}, "base": {"tasks_per_world": 4, "demos_per_task": 2}})
     envs = make_envs(p)
     demos = pretraining_demos(envs, p.base, p.envs.seed)
     assert len(demos) == 2 * 4 * 8 * len(envs)

@@ -5,15 +5,14 @@
 * **teacher**  = base with every adapter disabled (frozen)
 
 All three share the base weights, which never receive gradients. Switching roles only flips
-which LoRA branch is active (:meth:`Backbone.mode`); unlike peft's own ``set_adapter`` /
-``disable_adapter`` it never toggles ``requires_grad``, so a single backward pass can reach
-both adapters through graphs built under different roles, and an adapter that was inactive
-in a forward pass gets no gradient from it.
+which LoRA branch is active (:meth:`Backbone.mode`, through peft's public
+``enable_adapters`` / ``set_adapter``); the trainable flags are kept as the caller set them, so a
+single backward pass can reach both adapters through graphs built under different roles, and an
+adapter that was inactive in a forward pass gets no gradient from it.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from torch import nn
 from lopd.errors import BadInput
 from lopd.model.chat import ChatFormat
 
-LORA_TARGETS = {
-    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-}
 ROLES = ("student", "composer", "teacher")
 
 
@@ -99,16 +91,24 @@ def load_causal_lm(path: str | Path, device: torch.device, dtype: torch.dtype) -
     return model.to(device)
 
 
+def lora_targets(base: nn.Module, override: list[str] | None, arch: str | None = None) -> list[str]:
+    """``model.lora_target_modules`` if set, else peft's default for the architecture."""
+    if override:
+        return list(override)
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    arch = arch or getattr(base.config, "model_type", None)
+    if arch not in DEFAULTS:
+        raise BadInput(f"peft has no default LoRA target modules for architecture {arch!r}; set "
+                       f"model.lora_target_modules (peft knows: {', '.join(sorted(DEFAULTS))})")
+    return list(DEFAULTS[arch])
+
+
 def dir_hash(path: str | Path) -> str:
-    """SHA-256 over a model directory's files (names and bytes), for provenance."""
-    h = hashlib.sha256()
-    for p in sorted(Path(path).rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()
+    """SHA-256 over a model directory's files (relative names and contents), for provenance."""
+    from lopd.utils import sha256_path
+
+    return sha256_path(path)
 
 
 class Backbone:
@@ -119,11 +119,7 @@ class Backbone:
 
         self.tokenizer = tokenizer
         self.fmt = ChatFormat(tokenizer)
-        arch = arch or getattr(base.config, "model_type", mp.arch)
-        targets = mp.lora_target_modules or LORA_TARGETS.get(arch)
-        if not targets:
-            raise BadInput(f"no default LoRA target modules for architecture {arch!r}; set model.lora_target_modules "
-                           f"(known defaults: {', '.join(LORA_TARGETS)})")
+        targets = lora_targets(base, mp.lora_target_modules, arch)
         cfg = LoraConfig(r=mp.lora_r, lora_alpha=mp.lora_alpha, lora_dropout=0.0, target_modules=targets, bias="none")
         for p in base.parameters():
             p.requires_grad_(False)
@@ -132,7 +128,10 @@ class Backbone:
         for name, p in self.model.named_parameters():
             p.requires_grad_("lora_" in name)
         self.hidden_size = base.config.get_text_config().hidden_size if hasattr(base.config, "get_text_config") else base.config.hidden_size
-        self._layers = [m for m in self.model.modules() if hasattr(m, "_active_adapter") and hasattr(m, "_disable_adapters")]
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        self._lora = [p for n, p in self.model.named_parameters() if "lora_" in n]
         self.role = None
         self.mode("student")
 
@@ -140,10 +139,17 @@ class Backbone:
     def mode(self, role: str) -> "Backbone":
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; known: {ROLES}")
+        # peft's public switches also set requires_grad; which parameters train is the caller's
+        # choice (θ always, φ unless frozen), not the role's, so the flags are restored after
+        flags = [p.requires_grad for p in self._lora]
         for m in self._layers:
-            m._disable_adapters = role == "teacher"
-            if role != "teacher":
-                m._active_adapter = [role]
+            if role == "teacher":
+                m.enable_adapters(False)
+            else:
+                m.enable_adapters(True)
+                m.set_adapter(role)
+        for p, f in zip(self._lora, flags):
+            p.requires_grad_(f)
         self.role = role
         return self
 

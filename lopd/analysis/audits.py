@@ -1,0 +1,313 @@
+"""Audits: where the test split was used (leakage), and how noisy the seeds are (seed variance, evaluation
+noise, power of the pre-registered tests)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from lopd.analysis import stats as st
+from lopd.analysis.loading import read_json
+from lopd.analysis.render import arm_order, fmt, md_table, write_text
+from lopd.errors import BadInput
+
+SPLITS = ("train", "val", "test")
+EVAL_STAGE = "evaluate"
+HPO_STAGE = "hpo"
+CLEAN_LEAKAGE_SENTENCE = (
+    "The hyper-parameters (m, K, n_ret) were selected on the validation split only; "
+    "no stage other than evaluate depends on or read the test split."
+)
+
+
+# --------------------------------------------------------------------------- leakage audit
+_SPLIT_RE = re.compile(r"(?:^|[/\\\s'\"=])(train|val|test)\.jsonl\b")
+_SPLIT_DIR_RE = re.compile(r"(?:^|[\s'\"=])(?:\./)?data/splits/?(?:$|[\s'\"])")
+
+
+def _strings(obj) -> list[str]:
+    """Every string inside a nested deps/cmd value (lists, dicts: keys and values)."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in _strings(v)]
+    return []
+
+
+def _splits_in(texts: list[str]) -> set[str]:
+    found = set()
+    for t in texts:
+        found |= set(_SPLIT_RE.findall(t))
+        if _SPLIT_DIR_RE.search(t) or t.strip().rstrip("/") in ("data/splits", "./data/splits"):
+            found |= set(SPLITS)  # the whole split directory, test included
+    return found
+
+
+def _dvc_deps(root: Path) -> dict | None:
+    path = root / "dvc.yaml"
+    if not path.exists():
+        return None
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path}: not valid YAML: {e}") from None
+    out = {}
+    for name, stage in (doc.get("stages") or {}).items():
+        if not isinstance(stage, dict):
+            continue
+        body = [stage, stage.get("do") or {}]
+        deps = [s for b in body if isinstance(b, dict) for s in _strings(b.get("deps", []))]
+        cmds = [s for b in body if isinstance(b, dict) for s in _strings(b.get("cmd", []))]
+        out[str(name)] = {"deps": _splits_in(deps), "cmd": _splits_in(cmds)}
+    return out
+
+
+def _stage_base(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
+def _runtime_records(root: Path) -> list[dict]:
+    cands: list[tuple[str, Path]] = []
+    for p in sorted((root / "results").glob("*/result.json")):
+        cands.append((p.parent.name, p))
+    for p in sorted((root / "results" / "eval").glob("*/result.json")):
+        cands.append((EVAL_STAGE, p))
+    for p in sorted((root / "models").glob("*/manifest.json")):
+        cands.append((p.parent.name, p))
+    for p in (root / "hpo" / "result.json", root / "results" / "sensitivity" / "result.json"):
+        if p.exists():
+            cands.append((p.parent.name, p))
+    seen, recs = set(), []
+    for stage, p in cands:
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            recs.append({"stage": stage, "path": p, "reads": None})
+            continue
+        if isinstance(d, dict) and isinstance(d.get("splits_read"), list):
+            recs.append({"stage": stage, "path": p, "reads": [r for r in d["splits_read"] if isinstance(r, dict)]})
+    return recs
+
+
+def leakage(root: Path, runs, checked_arms) -> dict:
+    man_path = root / "data" / "splits" / "manifest.json"
+    manifest = {}
+    if man_path.exists():
+        manifest = {k: v for k, v in ((read_json(man_path) or {}).get("files") or {}).items()}
+    dvc = _dvc_deps(root)
+    recs = _runtime_records(root)
+    violations, unverified, warnings_ = [], [], []
+    if dvc is None:
+        unverified.append("dvc.yaml not found: stage dependencies cannot be checked")
+    else:
+        for name, d in dvc.items():
+            if _stage_base(name) != EVAL_STAGE and "test" in (d["deps"] | d["cmd"]):
+                where = "depends on" if "test" in d["deps"] else "names in its cmd"
+                violations.append(f"stage `{name}` {where} the test split (data/splits/test.jsonl)")
+        hpo = [d for n, d in dvc.items() if _stage_base(n) == HPO_STAGE]
+        if not hpo:
+            unverified.append("no `hpo` stage in dvc.yaml: where m, K, n_ret were selected cannot be verified")
+        elif not any("val" in d["deps"] for d in hpo):
+            unverified.append("the `hpo` stage does not declare a dependency on the validation split")
+    for r in recs:
+        if r["reads"] is None:
+            warnings_.append(f"{r['path'].relative_to(root)} is not valid JSON")
+            continue
+        for read in r["reads"]:
+            split, role = read.get("split"), read.get("role")
+            if split == "test" and (r["stage"] != EVAL_STAGE or role != EVAL_STAGE):
+                violations.append(f"stage `{r['stage']}` (role {role!r}) read the test split at run time "
+                                  f"({r['path'].relative_to(root)})")
+            exp = (manifest.get(split) or {}).get("sha256")
+            if exp and read.get("sha256") and read["sha256"] != exp:
+                warnings_.append(f"{r['path'].relative_to(root)}: read {split} with SHA-256 {read['sha256'][:12]}… "
+                                 f"but the manifest has {exp[:12]}…")
+    notes = []
+    if not any(r["stage"] == HPO_STAGE and r["reads"] for r in recs):
+        notes.append("no run-time record from hpo (hpo/result.json with splits_read): the hpo part of the audit "
+                     "rests on the dvc.yaml dependencies only")
+    if not man_path.exists():
+        unverified.append("data/splits/manifest.json not found: split hashes unknown")
+    # the final runs should have used the selected hyper-parameters
+    best_path = root / "hpo" / "best_params.yaml"
+    if best_path.exists():
+        best = yaml.safe_load(best_path.read_text()) or {}
+        for arm in checked_arms:
+            for seed, run in sorted(runs.get(arm, {}).items()):
+                hp = run["result"].get("hparams") or {}
+                bad = [k for k in ("margin", "K", "n_ret") if k in best and k in hp and hp[k] != best[k]]
+                if bad:
+                    warnings_.append(f"{arm} seed {seed} used {', '.join(f'{k}={hp[k]}' for k in bad)} but "
+                                     f"hpo/best_params.yaml selected {', '.join(f'{k}={best[k]}' for k in bad)}")
+    return {"manifest": manifest, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
+            "warnings": warnings_, "notes": notes, "clean": not violations and not unverified}
+
+
+def write_leakage(out: Path, lk: dict) -> None:
+    md = ["# Leakage audit", ""]
+    if lk["violations"]:
+        md += ["## ⚠ LEAKAGE VIOLATION ⚠", "",
+               "**The test split was used outside the evaluate stage. Test numbers in this report are NOT a clean "
+               "held-out estimate.**", ""] + [f"- **VIOLATION:** {v}" for v in lk["violations"]] + [""]
+    elif lk["unverified"]:
+        md += ["**UNVERIFIED: the audit could not establish that the test split was used only by evaluate and that "
+               "m, K, n_ret were selected on validation:**", ""] + [f"- {u}" for u in lk["unverified"]] + [""]
+    else:
+        md += [CLEAN_LEAKAGE_SENTENCE, ""]
+    if lk["violations"] and lk["unverified"]:
+        md += ["Also unverified:"] + [f"- {u}" for u in lk["unverified"]] + [""]
+    md += ["## Split files (data/splits/manifest.json)", ""]
+    if lk["manifest"]:
+        md.append(md_table(["split", "path", "n", "SHA-256"],
+                            [[s, str(lk["manifest"][s].get("path", "")), str(lk["manifest"][s].get("n", "")),
+                              f"`{lk['manifest'][s].get('sha256', '')}`"]
+                             for s in [*[x for x in SPLITS if x in lk["manifest"]],
+                                       *sorted(set(lk["manifest"]) - set(SPLITS))]]))
+    else:
+        md.append("MISSING: data/splits/manifest.json.")
+    md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", ""]
+    runtime: dict[str, dict] = {}
+    for r in lk["records"]:
+        e = runtime.setdefault(r["stage"], {"splits": set(), "roles": set(), "n": 0})
+        e["n"] += 1
+        for x in r["reads"] or []:
+            e["splits"].add(str(x.get("split")))
+            e["roles"].add(str(x.get("role")))
+    dvc = lk["dvc"] or {}
+    rows, matched = [], set()
+
+    def flag(name):
+        return "**VIOLATION**" if any(f"`{name}`" in v for v in lk["violations"]) else ""
+
+    def read_txt(rt):
+        if rt is None:
+            return "no record"
+        return (", ".join(x for x in SPLITS if x in rt["splits"]) or "none") + (
+            f" (roles: {', '.join(sorted(rt['roles']))}; {rt['n']} record{'s' if rt['n'] != 1 else ''})")
+
+    for s in dvc:
+        d = dvc[s]
+        key = s if s in runtime else _stage_base(s)
+        rt = runtime.get(key)
+        if rt is not None:
+            matched.add(key)
+        rows.append([f"`{s}`", ", ".join(x for x in SPLITS if x in d["deps"]) or "—",
+                     ", ".join(x for x in SPLITS if x in d["cmd"]) or "—", read_txt(rt), flag(s) or flag(key)])
+    for s in sorted(set(runtime) - matched):
+        rows.append([f"`{s}`", "(not in dvc.yaml)", "—", read_txt(runtime[s]), flag(s)])
+    md.append(md_table(["stage", "deps on splits", "splits named in cmd", "read at run time", ""], rows)
+              if rows else "MISSING: neither dvc.yaml stages nor splits_read records found.")
+    if lk["warnings"]:
+        md += ["", "## Warnings", ""] + [f"- {w}" for w in lk["warnings"]]
+    if lk["notes"]:
+        md += ["", "## Notes", ""] + [f"- {n}" for n in lk["notes"]]
+    write_text(out / "leakage_audit.md", "\n".join(md))
+
+
+# --------------------------------------------------------------------------- #
+
+
+# --------------------------------------------------------------------------- seed variance
+def _samples_array(by_seed: dict[int, dict]) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(seeds × tasks × K) per-sample rewards on the tasks every seed evaluated, per-task weights that make
+    the per-seed value the mean of domain means, or (None, None, why not)."""
+    if len(by_seed) < 2:
+        return None, None, "fewer than 2 seeds with per-task rewards"
+    tasks = sorted(set.intersection(*(set(s) for s in by_seed.values())))
+    ks = {len(by_seed[s][t][1]) for s in by_seed for t in tasks}
+    if not tasks or len(ks) != 1:
+        return None, None, f"samples per task differ across tasks/seeds ({sorted(ks)})" if tasks else "no common tasks"
+    k = ks.pop()
+    if k < 2:
+        return None, None, "per-sample rewards absent (1 sample per task)"
+    x = np.array([[by_seed[s][t][1] for t in tasks] for s in sorted(by_seed)])
+    doms = [by_seed[min(by_seed)][t][0] for t in tasks]
+    counts = {d: doms.count(d) for d in set(doms)}
+    w = np.array([1.0 / (len(counts) * counts[d]) for d in doms])
+    return x, w, ""
+
+
+def seed_variance(evals, table: dict) -> list[dict]:
+    """Per arm: seed-to-seed std of the mean test reward and, where per-sample rewards exist, the
+    evaluation-noise share of the seed variance with K samples and predicted for 1 sample
+    (:func:`st.eval_noise_share`)."""
+    rows = []
+    for arm in arm_order(evals):
+        vals = np.array([e["mean"] for e in evals[arm].values()])
+        row = {"arm": arm, "n": vals.size, "std": float(np.std(vals, ddof=1)) if vals.size > 1 else math.nan}
+        x, w, why = _samples_array(table.get(arm, {}))
+        row.update(st.eval_noise_share(x, weights=w) if x is not None else {"why": why})
+        rows.append(row)
+    return rows
+
+
+def rule_power(fal: dict, alpha: float, power: float) -> dict:
+    """For each pre-registered test: power of the one-sided t-test at the observed effect, the minimum
+    detectable effect and the seeds needed (:func:`st.seeds_needed`); for the whole claim, its power at the
+    observed effects (:func:`st.joint_power` with the contrasts' covariance over the seeds all tests share)
+    and the smallest n reaching ``power``."""
+    rows = []
+    for r in fal["tests"]:
+        if r["n"] < 2:
+            rows.append({"name": r["name"], "n": r["n"]})
+            continue
+        sd = float(np.std(r["contrast"], ddof=1))
+        rows.append({"name": r["name"], "n": r["n"], "diff": r["diff"], "sd": sd,
+                     "power": st.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
+                     "mdd": st.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
+                     "needed": st.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
+    out = {"tests": rows, "joint": None, "joint_needed": None}
+    seeds = [set(r.get("seeds", [])) for r in fal["tests"]]
+    common = sorted(set.intersection(*seeds)) if seeds else []
+    if len(common) >= 3:
+        m = np.array([[r["contrast"][r["seeds"].index(s)] for r in fal["tests"]] for s in common])
+        mu, cov = m.mean(axis=0), np.cov(m, rowvar=False)
+        out["joint"] = st.joint_power(mu, cov, len(common), alpha=alpha)
+        out["joint_needed"] = st.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
+    return out
+
+
+def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, power: float) -> None:
+    md = ["# Seed variance, evaluation noise and power", "",
+          "## Seed-to-seed spread and its evaluation-noise share", "",
+          "Per arm: std over seeds of the mean test reward. With K ≥ 2 samples per test task, the evaluation "
+          "(sampling) noise of a seed's mean is estimated from the within-task variance over samples; its share of "
+          "the seed-to-seed variance is shown as measured (K samples) and as predicted for one sample per task "
+          "(before multi-sample evaluation). A share near 1 means the seeds differ by no more than evaluation noise "
+          "(expected for base, which does not train); shares are estimates and can exceed 1.", ""]
+    table = []
+    for r in rows:
+        if "share" in r:
+            table.append([r["arm"], str(r["n"]), fmt(r["std"], 4), str(r["samples"]), fmt(math.sqrt(r["eval_var"]), 4),
+                          fmt(r["share"], 2), fmt(math.sqrt(r["eval_var_1"]), 4), fmt(r["share_1"], 2)])
+        else:
+            table.append([r["arm"], str(r["n"]), fmt(r["std"], 4), "—", "—", "—", "—", r["why"]])
+    md.append(md_table(["arm", "n seeds", "seed std", "K", "eval-noise sd (K)", "eval share (K)",
+                        "eval-noise sd (1 sample, predicted)", "eval share (1 sample, predicted)"], table) if table else
+              "MISSING: no evaluation results.")
+    md += ["", "## Power of the pre-registered tests", "",
+           f"One-sided paired t-test at α = {alpha} (the test the verdict runs), at the observed estimate and the "
+           f"std of the per-seed contrast. Seeds needed: the smallest n with {power:.0%} power at which the exact "
+           "sign-flip robustness check can also reject (1/2^n < α).", ""]
+    md.append(md_table(["test", "n seeds", "estimate", "sd (per seed)", "power at estimate", f"MDD ({power:.0%})",
+                        "seeds needed"],
+                       [[t["name"], str(t["n"]), *([f"{t['diff']:+.4f}", fmt(t["sd"], 4), fmt(t["power"], 2),
+                         fmt(t["mdd"], 4), "none ≤ 1000" if t["needed"] is None else str(t["needed"])]
+                         if "sd" in t else ["n/a"] * 5)] for t in pw["tests"]]))
+    if pw["joint"] is None:
+        md += ["", "Power of the whole claim: not computed (fewer than 3 seeds shared by every test)."]
+    else:
+        need = "no n ≤ 100" if pw["joint_needed"] is None else f"{pw['joint_needed']} seeds"
+        md += ["", f"Power of the whole claim (every test rejects) at the observed effects and covariance, by "
+                   f"simulation: {fmt(pw['joint'], 2)}; {power:.0%} power needs {need}."]
+    write_text(out / "seed_variance.md", "\n".join(md))

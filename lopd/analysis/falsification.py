@@ -1,0 +1,220 @@
+"""The pre-registered two-part falsification rule (``params.yaml`` → ``report.rule``).
+
+(i) *LOPD has a gain*: the treatment beats every arm in ``gain_over``; (ii) *content drives it*: the
+treatment beats every arm in ``content_controls``. Every test is one-sided at α on per-seed values (the
+training seed is the unit): a paired t-test decides (primary), the exact sign-flip test is reported as a
+robustness check. A part holds iff all its tests reject: an intersection–union test, whose level is α
+without any multiplicity correction across its members; the claim needs both parts, so its level is α too.
+With ``rho`` set, a content test asks (T − C) > ρ·(T − B) instead of T > C, i.e. its per-seed contrast is
+(1 − ρ)·T − C + ρ·B.
+
+:func:`decide` evaluates the rule on aligned arrays with any leading batch axes (many simulated experiments
+at once, see :mod:`lopd.analysis.calibration`); :func:`analyse` evaluates it on the report's per-seed
+values (each test on the seeds its arms share) with CIs; :func:`render` writes ``falsification.md``: the
+rule first, then every test's statistic, p and CI, then the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from lopd.analysis import stats as st
+from lopd.analysis.render import fmt, fmt_p, md_table
+
+CLAIM_SENTENCE = "Retrieved content drives a gain"
+NO_CLAIM_SENTENCE = "No claim that retrieved content drives a gain"
+DESIGN_OK = "the verdict is not determined by the design"
+DESIGN_FLAG = "DESIGN-DETERMINED"
+PARTS = {"gain": "(i) LOPD has a gain", "content": "(ii) content drives it"}
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One one-sided test of the rule: H1 is E[Σ_a weights[a]·value_a] > 0 over seeds."""
+
+    name: str
+    part: str  # "gain" or "content"
+    comparator: str
+    weights: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str
+    treatment: str
+    gain_over: tuple[str, ...]
+    content_controls: tuple[str, ...]
+    rho: float | None
+    rho_baseline: str
+    alpha: float
+
+    @classmethod
+    def from_params(cls, report) -> "Rule":
+        r = report.rule
+        return cls(r.text, r.treatment, tuple(r.gain_over), tuple(r.content_controls), r.rho, r.rho_baseline,
+                   report.alpha)
+
+    def tests(self) -> list[TestSpec]:
+        t = self.treatment
+        out = [TestSpec(f"{t} > {x}", "gain", x, {t: 1.0, x: -1.0}) for x in self.gain_over]
+        for c in self.content_controls:
+            if self.rho is None:
+                out.append(TestSpec(f"{t} > {c}", "content", c, {t: 1.0, c: -1.0}))
+            else:
+                b, r = self.rho_baseline, self.rho
+                out.append(TestSpec(f"{t} − {c} > {r:g}·({t} − {b})", "content", c,
+                                    {t: 1.0 - r, c: -1.0, b: r}))
+        return out
+
+    def arms(self) -> list[str]:
+        return list(dict.fromkeys(a for s in self.tests() for a in s.weights))
+
+
+def _contrast(values: Mapping[str, np.ndarray], spec: TestSpec) -> np.ndarray:
+    return sum(w * np.asarray(values[a], dtype=float) for a, w in spec.weights.items())
+
+
+def _combine(rule: Rule, reject: dict[str, np.ndarray], robust: dict[str, np.ndarray]) -> dict:
+    specs = rule.tests()
+    out = {}
+    for part in PARTS:
+        names = [s.name for s in specs if s.part == part]
+        out[part] = np.logical_and.reduce([reject[n] for n in names])
+        out[f"{part}_robust"] = np.logical_and.reduce([robust[n] for n in names])
+    out["claim"] = out["gain"] & out["content"]
+    out["claim_robust"] = out["gain_robust"] & out["content_robust"]
+    return out
+
+
+def decide(values: Mapping[str, np.ndarray], rule: Rule) -> dict:
+    """The verdict on aligned per-seed values ``values[arm]`` of shape (..., n_seeds).
+
+    Returns boolean arrays over the leading axes: ``reject``/``robust`` per test name (t-test p < α,
+    sign-flip p < α), ``gain``, ``content``, ``claim`` (decided by the t-tests) and their ``*_robust``
+    counterparts (decided by the sign-flip tests)."""
+    reject, robust = {}, {}
+    for spec in rule.tests():
+        c = _contrast(values, spec)
+        reject[spec.name] = np.nan_to_num(np.asarray(st.t_test(c, alternative="greater")["p"]), nan=1.0) < rule.alpha
+        robust[spec.name] = np.asarray(st.sign_flip_p(c, alternative="greater")) < rule.alpha
+    return {"reject": reject, "robust": robust, **_combine(rule, reject, robust)}
+
+
+def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]], task_contrast=None, n_boot: int = 5000) -> dict:
+    """The rule on the report's data: ``by_seed[arm][seed]`` = mean test reward. Each test uses the seeds
+    shared by its arms. ``task_contrast(weights, seeds)`` (optional) returns (((seeds × tasks) per-task
+    contrast, strata), None) or (None, reason) for the hierarchical bootstrap CI.
+
+    Returns ``tests`` (one dict per test: n, diff, t, df, p, lower (one-sided 1−α bound), ci95 (two-sided
+    t), boot95, p_exact, reject, robust, missing), ``verdict`` (:func:`_combine` as plain bools) and
+    ``design`` (the smallest n and whether the exact test can reject with it)."""
+    rows = []
+    for spec in rule.tests():
+        missing = [a for a in spec.weights if not by_seed.get(a)]
+        seeds = sorted(set.intersection(*(set(by_seed.get(a, {})) for a in spec.weights)))
+        row = {"spec": spec, "name": spec.name, "part": spec.part, "n": len(seeds), "missing": missing,
+               "reject": False, "robust": False}
+        if seeds:
+            c = _contrast({a: np.array([by_seed[a][s] for s in seeds]) for a in spec.weights}, spec)
+            one = st.t_test(c, alternative="greater", confidence=1 - rule.alpha)
+            two = st.t_test(c, alternative="two-sided", confidence=0.95)
+            p_exact = st.sign_flip_p(c, alternative="greater")
+            row.update(diff=one["diff"], t=one["t"], df=one["df"], p=one["p"], lower=one["ci_low"],
+                       ci95=(two["ci_low"], two["ci_high"]), p_exact=p_exact, contrast=c, seeds=seeds,
+                       reject=bool(one["p"] < rule.alpha), robust=bool(p_exact < rule.alpha))
+            boot, note = (None, "no per-task rewards") if task_contrast is None else task_contrast(spec.weights, seeds)
+            if boot is not None:
+                row["boot95"] = st.hierarchical_bootstrap_ci(boot[0], strata=boot[1], n_boot=n_boot)[1:]
+            else:
+                row["boot_note"] = note
+        rows.append(row)
+    combined = _combine(rule, {r["name"]: np.bool_(r["reject"]) for r in rows},
+                        {r["name"]: np.bool_(r["robust"]) for r in rows})
+    n_min = min(r["n"] for r in rows)
+    floor = st.min_sign_flip_p(n_min, alternative="greater")
+    return {"tests": rows, "verdict": {k: bool(v) for k, v in combined.items()},
+            "design": {"n_min": n_min, "floor": floor, "can_reject": n_min >= 2 and floor < rule.alpha}}
+
+
+# --------------------------------------------------------------------------- rendering
+def _structure(rule: Rule) -> list[str]:
+    a, t = rule.alpha, rule.treatment
+    rho = ("off (report.rule.rho: null)" if rule.rho is None else
+           f"ρ = {rule.rho:g}: a content test asks ({t} − control) > ρ·({t} − {rule.rho_baseline})")
+    return [f"- Part {PARTS['gain']}: {t} > " + f" and {t} > ".join(rule.gain_over) + f", each one-sided at α = {a}.",
+            f"- Part {PARTS['content']}: {t} > " + f" and {t} > ".join(rule.content_controls)
+            + f", each one-sided at α = {a}. Smallest effect of interest: {rho}.",
+            "- A part holds iff all its tests reject (intersection–union: no multiplicity correction across "
+            "its members); the claim needs both parts.",
+            "- Decisive test: paired t-test on per-seed mean test reward (seed = unit of replication). "
+            "Robustness check: exact one-sided sign-flip test on the same per-seed contrasts (reported; it does "
+            "not change the verdict). CIs: one-sided (1 − α) t bound (matches the test), two-sided 95% t, and a "
+            "95% hierarchical bootstrap (seeds, then tasks within seed paired across arms)."]
+
+
+def _premise_lines(premise: dict) -> list[str]:
+    d = "; ".join(f"δ {k} = {fmt(v, 4)}" for k, v in premise.get("delta", {}).items())
+    return ["## Premise gate", "", f"Premise gate ({premise['path']}): **{premise['status']}**"
+            + (f" ({d})." if d else "."), ""]
+
+
+def _test_table(analysis: dict) -> str:
+    def ci(pair):
+        return "n/a" if pair is None else f"[{fmt(pair[0], 4)}, {fmt(pair[1], 4)}]"
+
+    rows = []
+    for r in analysis["tests"]:
+        if not r["n"]:
+            why = "missing: " + ", ".join(r["missing"]) if r["missing"] else "no shared seeds"
+            rows.append([PARTS[r["part"]], r["name"], "0", why, *["—"] * 6, "no"])
+            continue
+        rows.append([PARTS[r["part"]], r["name"], str(r["n"]), f"{r['diff']:+.4f}", f"{fmt(r['t'], 2)} ({r['df']})",
+                     fmt_p(r["p"]), fmt(r["lower"], 4), ci(r["ci95"]), ci(r.get("boot95")), fmt_p(r["p_exact"]),
+                     "yes" if r["reject"] else "no"])
+    return md_table(["part", "test", "n seeds", "estimate", "t (df)", "p (t)", "lower bound (1−α)", "95% t-CI",
+                     "95% hier. bootstrap", "p (sign-flip, exact)", "rejects"], rows)
+
+
+def _verdict_lines(rule: Rule, analysis: dict) -> list[str]:
+    v, rows, a = analysis["verdict"], analysis["tests"], rule.alpha
+    out = []
+    for part in PARTS:
+        failed = [r for r in rows if r["part"] == part and not r["reject"]]
+        why = "; ".join(f"{r['name']}: " + (f"missing ({', '.join(r['missing'])})" if not r["n"] else
+                                               f"p = {fmt_p(r['p'])} not < {a}") for r in failed)
+        out.append(f"- Part {PARTS[part]}: " + ("**holds**." if v[part] else f"**fails** ({why})."))
+    if v["claim"]:
+        out.append(f"\n**{CLAIM_SENTENCE}**: both parts hold at α = {a}.")
+    else:
+        which = " and ".join(PARTS[p] for p in PARTS if not v[p])
+        out.append(f"\n**{NO_CLAIM_SENTENCE}**: part {which} failed.")
+    off = [r for r in rows if r["n"] and r["reject"] != r["robust"]]
+    out.append("\nRobustness (exact sign-flip): " + ("agrees with the t-test on every test." if not off else
+               "disagrees on " + ", ".join(f"{r['name']} (sign-flip p = {fmt_p(r['p_exact'])})" for r in off)
+               + "; the claim " + ("also" if v["claim_robust"] else "does not") + " hold by the sign-flip tests."))
+    return out
+
+
+def render(rule: Rule, analysis: dict, premise: dict, design_note: str) -> str:
+    """``falsification.md``: rule text and structure (no data), premise gate, design check, tests, verdict."""
+    d = analysis["design"]
+    md = ["# Falsification test", "", "## Pre-registered rule", "", f"> {rule.text}", "", "Structure "
+          "(params.yaml, report.rule):", *_structure(rule), "", design_note, "", *_premise_lines(premise),
+          "## Design check", ""]
+    if d["n_min"] == 0:
+        md.append(f"**{DESIGN_FLAG}: a test of the rule has no paired seeds (missing arms), so the rule cannot be "
+                  "decided: the verdict below is fixed by the missing data.**")
+    elif d["can_reject"]:
+        md.append(f"With n = {d['n_min']} paired seeds (the smallest over the tests) the smallest attainable "
+                  f"one-sided exact sign-flip p is 1/2^{d['n_min']} = {fmt_p(d['floor'])} < α = {rule.alpha}, "
+                  f"and the t-test has {d['n_min'] - 1} degrees of freedom: both tests can reject, so "
+                  f"{DESIGN_OK}.")
+    else:
+        md.append(f"**{DESIGN_FLAG}: with n = {d['n_min']} paired seeds the smallest attainable one-sided exact "
+                  f"sign-flip p is {fmt_p(d['floor'])}, not below α = {rule.alpha}: the exact test cannot reject "
+                  "whatever the effect, so the verdict is not robustly decidable with this many seeds.**")
+    md += ["", "## Tests", "", _test_table(analysis), "", "## Verdict", "", *_verdict_lines(rule, analysis)]
+    return "\n".join(md)

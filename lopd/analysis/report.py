@@ -1,0 +1,147 @@
+"""The `report` stage: a short orchestrator over :mod:`lopd.analysis`.
+
+It reads only files the other stages wrote (``runs/``, ``results/``, ``hpo/``, ``data/splits/manifest.json``,
+``dvc.yaml``) and writes under ``reports/``:
+
+* ``falsification.md``: the pre-registered rule, premise gate, design check, tests, verdict;
+* ``main_table.md`` / ``.tex``, ``comparisons.md`` (exploratory family), ``seed_variance.md``,
+  ``margin_dynamics.md``, ``efficiency.md``, ``leakage_audit.md``, ``README.md`` (index);
+* ``metrics/**.json``: headline metrics for ``dvc metrics`` (one small file per row);
+* ``plots/*.csv``: plot data for ``dvc plots``, and ``figures/*.png`` drawn from those same CSVs;
+* ``summary.json``: everything above as numbers (not a DVC metric).
+
+Every output is always written: a missing optional input is named in the file instead. No runs at all
+raises :class:`BadInput`. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lopd.analysis import audits, dynamics, figures, plotdata, tables
+from lopd.analysis.calibration import claim_rates, scenarios
+from lopd.analysis.falsification import Rule, analyse, render
+from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
+                                   task_contrast_fn, values)
+from lopd.analysis.render import write_text
+from lopd.arms import ARMS
+from lopd.errors import BadInput
+from lopd.utils import clean_json, write_json
+
+REPORT_DIR = "reports"
+OPTIONAL_FILES = ("hpo/trials.csv", "hpo/best_params.yaml", "results/sensitivity/grid.csv", "dvc.yaml",
+                  "data/splits/manifest.json")
+INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, design check, tests, verdict"),
+         ("main_table.md", "test reward per domain and mean, mean ± t 95% CI over seeds (markdown)"),
+         ("main_table.tex", "the same table for LaTeX"),
+         ("comparisons.md", "lopd vs each arm (exploratory): paired t, CIs, sign-flip, Holm, P(improvement)"),
+         ("seed_variance.md", "seed spread, evaluation-noise share, power and seeds needed for the rule's tests"),
+         ("margin_dynamics.md", "per-run flags: β unbounded, infeasible margin, Δ never reaching m"),
+         ("efficiency.md", "rollouts lopd needs to reach GRPO's final validation reward / GRPO's rollouts"),
+         ("leakage_audit.md", "which stage depends on / read which split; split SHA-256"),
+         ("metrics/", "headline metrics for `dvc metrics show` (one file per row)"),
+         ("plots/*.csv", "plot data for `dvc plots` (learning curves, margin dynamics, efficiency, sensitivity)"),
+         ("figures/*.png", "the same plots as PNG, drawn from plots/*.csv"),
+         ("summary.json", "every headline number (not a DVC metric)")]
+
+
+def _missing_inputs(root: Path, runs, evals) -> list[str]:
+    missing = [] if evals else ["results/eval/*/result.json (no test results)"]
+    for arm in ARMS:
+        missing += [f"runs of arm {arm}"] if arm not in runs else []
+        missing += [f"evaluation results of arm {arm}"] if evals and arm not in evals else []
+    return missing + [p for p in OPTIONAL_FILES if not (root / p).exists()]
+
+
+def _design_note(params, rule: Rule, fal: dict) -> str:
+    """The design the rule is sized for, and the simulated power of the full rule at the design effect."""
+    d = params.report.design
+    effects = scenarios(rule, d.effect)["design"]
+    def power(n: int) -> str:
+        p = claim_rates(rule, effects, d, n_exp=d.n_sim, n_seeds=n)["claim"]
+        return f"{p:.0%} ± {(p * (1 - p) / d.n_sim) ** 0.5:.0%}"
+
+    n_used = fal["design"]["n_min"]
+    used = f"; with the {n_used} paired seeds of this run: {power(n_used)}" if 2 <= n_used != d.n_seeds else ""
+    return (f"Design (report.design): sized for a content effect of {d.effect:g} in mean test reward (treatment − "
+            f"every other arm of the rule) with {d.n_seeds} seeds per arm of the rule, training-seed sd {d.seed_sd:g}, "
+            f"{d.n_tasks} test tasks × {d.samples_per_task} samples. Simulated power of the full rule at that effect "
+            f"(lopd.analysis.calibration, {d.n_sim} experiments, ± Monte-Carlo s.e.): {power(d.n_seeds)} with "
+            f"{d.n_seeds} seeds{used}.")
+
+
+def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra) -> dict:
+    return clean_json({
+        "test_reward": {a: mt["cells"][a][MEAN_COL]["mean"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
+        "test_ci_half": {a: mt["cells"][a][MEAN_COL]["ci_half"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
+        "n_seeds_by_arm": {a: len(evals[a]) for a in mt["arms"]},
+        "premise": premise["status"],
+        "falsification": {**fal["verdict"], "design_can_reject": fal["design"]["can_reject"],
+                          "n_min": fal["design"]["n_min"],
+                          "tests": {r["name"]: {k: r.get(k) for k in ("n", "diff", "t", "p", "lower", "p_exact",
+                                                                       "reject", "robust")} for r in fal["tests"]},
+                          "seeds_needed": {t["name"]: t.get("needed") for t in pw["tests"]},
+                          "joint_power": pw["joint"], "joint_seeds_needed": pw["joint_needed"]},
+        "lopd_vs": {r["arm"]: {"n": r["n"], "diff": r["diff"], "ci95": list(r["ci95"]), "p": r["p"],
+                               "p_holm": r["p_holm"], "p_exact": r["p_exact"], "p_improve": r["p_improve"],
+                               "boot95": list(r["boot95"]) if r["boot95"] else None} for r in cmp["rows"]},
+        "bold_columns": {t["col"]: t["best"] for t in mt["tests"] if t["bold"]},
+        "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,
+        "efficiency_ci": list(eff.get("ci", (None, None))),
+        "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in runs.values() for r in a.values()),
+        "margin_flagged_runs": sum(1 for r in mdyn["rows"] if r["active"] and r["flags"]),
+        "leakage_clean": bool(lk["clean"]), "leakage_violations": len(lk["violations"]),
+        "missing_inputs": missing, **extra})
+
+
+def build_report(params, root: Path = Path(".")) -> dict:
+    """Write every report file under ``root/reports/`` and return the summary (also ``summary.json``)."""
+    root = Path(root)
+    out, rp = root / REPORT_DIR, params.report
+    runs = load_runs(root)
+    if not runs:
+        raise BadInput(f"no training runs found under {root / 'runs'}/*/result.json: run the train stage first")
+    evals = load_evals(root)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    missing = _missing_inputs(root, runs, evals)
+    rule, premise = Rule.from_params(rp), load_premise(root)
+    table, task_problems = load_task_table(evals)
+    task_contrast = task_contrast_fn(table)
+
+    mt = tables.main_table(params, evals)
+    tables.write_main_table(out, params, evals, mt)
+    cmp = tables.comparisons(params, evals, rule.treatment, task_contrast)
+    tables.write_comparisons(out, params, cmp)
+    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
+    write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal)))
+    metric_rows = tables.write_metrics(out, mt, fal, premise)
+
+    plot_rows = plotdata.write_plot_data(out, root, runs)
+    mdyn = dynamics.margin_dynamics(runs)
+    write_text(out / "margin_dynamics.md", dynamics.render_margin_dynamics(mdyn))
+    eff = dynamics.efficiency(runs, rp.n_boot)
+    write_text(out / "efficiency.md", dynamics.render_efficiency(eff, rp.n_boot))
+    figures.margin_dynamics_png(out, mdyn["m"])
+    figures.efficiency_png(out, eff)
+    figures.learning_curves_png(out)
+    figures.sensitivity_png(out, plotdata.selected_point(root))
+
+    pw = audits.rule_power(fal, rp.alpha, rp.design.power)
+    audits.write_seed_variance(out, audits.seed_variance(evals, table), pw, rp.alpha, rp.design.power)
+    lk = audits.leakage(root, runs, [rule.treatment, *rule.content_controls])
+    audits.write_leakage(out, lk)
+
+    readme = ["# Report index", ""] + [f"- `{p}`: {d}" for p, d in INDEX]
+    if missing:
+        readme += ["", "## Missing inputs", ""] + [f"- {m}" for m in missing]
+    if task_problems:
+        readme += ["", "## Per-task rewards not used (hierarchical bootstrap, evaluation noise)", ""]
+        readme += [f"- {p}" for p in task_problems]
+    readme += ["", "Plot data rows: " + ", ".join(f"{k} {v}" for k, v in plot_rows.items()) + "."]
+    write_text(out / "README.md", "\n".join(readme))
+    summary = _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing,
+                       {"metrics_rows": metric_rows, "plot_rows": plot_rows})
+    summary = json.loads(json.dumps(summary))
+    write_json(out / "summary.json", summary)
+    return summary

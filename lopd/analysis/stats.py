@@ -1,0 +1,407 @@
+"""Statistics over (seeds × tasks) arrays: pure functions, in the spirit of google-research's rliable.
+
+The training seed is the unit of replication; test tasks (and evaluation samples) sit inside a seed.
+An arm contributes one value per seed (its mean test reward), or a (seeds × tasks) array.
+
+* one arm: :func:`summarize` (mean, Student-t interval, interquartile mean);
+* two arms paired by seed: :func:`t_test` / :func:`paired_t` (primary, ``scipy.stats.ttest_1samp``)
+  and :func:`sign_flip_p` (exact sign-flip test, the robustness check), both vectorised over
+  leading axes so that many simulated experiments are tested at once;
+* effect sizes: :func:`hierarchical_bootstrap_ci` (seeds, then tasks within seed, paired across arms);
+* families: :func:`holm`; unpaired: :func:`prob_improvement`;
+* design: :func:`t_test_power`, :func:`min_detectable_diff`, :func:`seeds_needed` (for the one-sided or
+  two-sided paired t-test the verdict runs, and requiring that the exact test can reject) and
+  :func:`joint_power` (all one-sided tests of an intersection–union rule reject, by simulation);
+* evaluation noise: :func:`eval_noise_share`.
+
+Randomness only through ``numpy.random.default_rng(seed)``; bad input raises :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+#: Largest n for which :func:`sign_flip_p` enumerates all 2**n sign patterns.
+EXACT_SIGN_FLIP_MAX_N = 20
+#: Random sign patterns used by :func:`sign_flip_p` above that n.
+MC_SIGN_FLIPS = 100_000
+#: Flipped sums within this fraction of sum|d| of the observed sum count as ties (float rounding).
+TIE_RTOL = 1e-9
+ALTERNATIVES = ("two-sided", "greater", "less")
+
+
+# --------------------------------------------------------------------------- validation
+def _as_array(x, name: str, *, min_n: int = 1) -> np.ndarray:
+    """Finite float array with at least one axis and at least ``min_n`` entries on the last one."""
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers: {exc}") from exc
+    if arr.ndim == 0 or arr.shape[-1] < min_n:
+        raise ValueError(f"{name} needs at least {min_n} value(s) on its last axis, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must contain only finite values (no nan/inf)")
+    return arr
+
+
+def _as_1d(x, name: str) -> np.ndarray:
+    arr = _as_array(x, name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
+    return arr
+
+
+def _check_prob(value: float, name: str) -> float:
+    value = float(value)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be strictly between 0 and 1, got {value}")
+    return value
+
+
+def _check_alternative(alternative: str) -> str:
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
+    return alternative
+
+
+def _paired(a, b) -> np.ndarray:
+    aa, bb = _as_array(a, "a"), _as_array(b, "b")
+    if aa.shape != bb.shape:
+        raise ValueError(f"paired samples must have equal shapes, got {aa.shape} and {bb.shape}")
+    return aa - bb
+
+
+# --------------------------------------------------------------------------- one arm
+def summarize(x: Sequence[float], *, confidence: float = 0.95) -> dict:
+    """One arm's per-seed values: ``n``, ``mean``, ``std`` (ddof=1), the Student-t interval
+    ``mean ± t_{(1+c)/2, n-1}·std/√n`` (``ci_low``, ``ci_high``, ``ci_half``) and ``iqm``
+    (``scipy.stats.trim_mean(x, 0.25)``: the mean after cutting ⌊n/4⌋ values from each end).
+    n = 1: std and interval are nan; constant input: a zero-width interval."""
+    arr = _as_1d(x, "x")
+    confidence = _check_prob(confidence, "confidence")
+    n, mean = arr.size, float(np.mean(arr))
+    std = lo = hi = math.nan
+    if n >= 2:
+        std = float(np.std(arr, ddof=1))
+        lo = hi = mean
+        if std > 0:
+            lo, hi = (float(v) for v in stats.t.interval(confidence, n - 1, loc=mean, scale=std / math.sqrt(n)))
+    return {"n": int(n), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi, "ci_half": (hi - lo) / 2.0,
+            "iqm": float(stats.trim_mean(arr, 0.25))}
+
+
+# --------------------------------------------------------------------------- paired tests
+def t_test(d, *, alternative: str = "two-sided", confidence: float = 0.95) -> dict:
+    """One-sample t-test of H0: E[d] = 0 over the last axis (``scipy.stats.ttest_1samp``).
+
+    ``d`` holds per-seed differences (or contrasts), shape (..., n). Returns arrays (scalars for 1-d
+    input): ``n``, ``diff`` = mean(d), ``t`` = mean/(std/√n), ``df`` = n − 1, ``p`` and the
+    confidence interval of E[d] matching ``alternative`` (``ci_low``, ``ci_high``; one-sided tests get a
+    one-sided bound at level ``confidence``). Degenerate rows: n < 2 gives nan; zero spread gives
+    t = ±inf (p = 0 in the matching direction, 1 otherwise) or, for d ≡ 0, t = 0 and p = 1."""
+    d = _as_array(d, "d")
+    _check_alternative(alternative)
+    confidence = _check_prob(confidence, "confidence")
+    n = d.shape[-1]
+    mean = d.mean(axis=-1)
+    if n < 2:
+        nan = np.full(mean.shape, np.nan)
+        return _squeeze({"n": n, "diff": mean, "t": nan, "df": n - 1, "p": nan, "ci_low": nan, "ci_high": nan})
+    flat = np.ptp(d, axis=-1) == 0
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # zero-spread rows, handled below
+        res = stats.ttest_1samp(d, 0.0, axis=-1, alternative=alternative)
+        ci = res.confidence_interval(confidence)
+    t, p = np.asarray(res.statistic, float), np.asarray(res.pvalue, float)
+    lo, hi = np.asarray(ci.low, float), np.asarray(ci.high, float)
+    if flat.any():
+        sign = np.sign(mean)
+        t = np.where(flat, np.where(sign > 0, np.inf, np.where(sign < 0, -np.inf, 0.0)), t)
+        agree = {"two-sided": sign != 0, "greater": sign > 0, "less": sign < 0}[alternative]
+        p = np.where(flat, np.where(agree, 0.0, 1.0), p)
+        lo = np.where(flat, mean if alternative != "less" else -np.inf, lo)
+        hi = np.where(flat, mean if alternative != "greater" else np.inf, hi)
+    return _squeeze({"n": n, "diff": mean, "t": t, "df": n - 1, "p": p, "ci_low": lo, "ci_high": hi})
+
+
+def paired_t(a, b, *, alternative: str = "two-sided", confidence: float = 0.95) -> dict:
+    """Paired t-test of arms ``a`` and ``b`` run on the same seeds: :func:`t_test` of ``a − b``
+    (identical to ``scipy.stats.ttest_rel(a, b)``)."""
+    return t_test(_paired(a, b), alternative=alternative, confidence=confidence)
+
+
+def _squeeze(out: dict) -> dict:
+    return {k: (float(v) if np.ndim(v) == 0 and not isinstance(v, int) else v) for k, v in out.items()}
+
+
+def _all_sums(x: np.ndarray) -> np.ndarray:
+    """Σ_i s_i x[..., i] for all 2**m sign vectors s (shape (..., 2**m))."""
+    m = x.shape[-1]
+    bits = (np.arange(2**m)[:, None] >> np.arange(m)) & 1
+    return x @ (1.0 - 2.0 * bits).T
+
+
+def _count_at_least(d: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    """Per row of ``d`` (B, n): the number of sign vectors s with Σ s_i d_i ≥ thr.
+
+    Meet in the middle: the 2**n sums are (first-half sum) + (second-half sum); sort one half and
+    count with ``searchsorted``, O(2**(n/2) log) per row instead of O(2**n · n)."""
+    h = d.shape[1] // 2
+    lo, hi = _all_sums(d[:, :h]), np.sort(_all_sums(d[:, h:]), axis=1)
+    counts = np.empty(d.shape[0], dtype=np.int64)
+    for r in range(d.shape[0]):
+        counts[r] = hi.shape[1] * lo.shape[1] - np.searchsorted(hi[r], thr[r] - lo[r], side="left").sum()
+    return counts
+
+
+def sign_flip_p(a, b=None, *, alternative: str = "two-sided", n_mc: int = MC_SIGN_FLIPS, seed: int = 0):
+    """Sign-flip (randomisation) test of H0: the distribution of d = a − b is symmetric about 0.
+
+    Statistic S = Σ d_i; its null distribution is that of Σ s_i d_i over sign vectors s ∈ {±1}^n.
+    p = fraction of sign vectors with S(s) ≥ S (``greater``), ≤ S (``less``), |S(s)| ≥ |S| (two-sided),
+    ties within ``TIE_RTOL·Σ|d|`` counted (same definition as ``scipy.stats.permutation_test`` with
+    ``permutation_type='samples'``, which enumerates far more slowly). n ≤ 20: exact (all 2**n vectors,
+    smallest attainable p 1/2**n one-sided, 2/2**n two-sided). n > 20: ``n_mc`` random vectors from
+    ``default_rng(seed)``, p = (1 + hits)/(1 + n_mc). d ≡ 0 gives p = 1. ``b=None`` tests ``a`` itself.
+    Vectorised over leading axes: returns an array of p-values, or a float for 1-d input."""
+    d = _as_array(a, "a") if b is None else _paired(a, b)
+    _check_alternative(alternative)
+    if int(n_mc) != n_mc or n_mc < 1:
+        raise ValueError(f"n_mc must be a positive integer, got {n_mc}")
+    n = d.shape[-1]
+    rows = d.reshape(-1, n)
+    if alternative == "less":  # by symmetry of the null: P(S(s) ≤ S) = P(S(s) ≥ −S)
+        rows = -rows
+    obs = rows.sum(axis=1)
+    tol = TIE_RTOL * np.abs(rows).sum(axis=1)
+    thr = (np.abs(obs) if alternative == "two-sided" else obs) - tol
+    if n <= EXACT_SIGN_FLIP_MAX_N:
+        p = _count_at_least(rows, thr) / 2.0**n
+    else:
+        rng = np.random.default_rng(seed)
+        hits = np.zeros(rows.shape[0])
+        chunk = max(1, 2_000_000 // n)
+        for start in range(0, int(n_mc), chunk):
+            signs = rng.choice(np.array([-1.0, 1.0]), size=(min(chunk, int(n_mc) - start), n))
+            hits += np.count_nonzero((rows @ signs.T) >= thr[:, None], axis=1)
+        p = (1.0 + hits) / (1.0 + n_mc)
+    if alternative == "two-sided":  # the null distribution is symmetric: P(|S(s)| ≥ c) = 2·P(S(s) ≥ c)
+        p = np.where(thr > 0, np.minimum(1.0, 2.0 * p), 1.0)
+    p = np.where(np.all(rows == 0.0, axis=1), 1.0, p).reshape(d.shape[:-1])
+    return float(p) if p.ndim == 0 else p
+
+
+def min_sign_flip_p(n: int, *, alternative: str = "greater", n_mc: int = MC_SIGN_FLIPS) -> float:
+    """Smallest p-value :func:`sign_flip_p` can return with n pairs: 1/2**n one-sided, 2/2**n two-sided
+    (exact, n ≤ 20), 1/(1 + n_mc) above; 1 for n < 1. If this is not below α the test cannot reject."""
+    _check_alternative(alternative)
+    if n < 1:
+        return 1.0
+    if n > EXACT_SIGN_FLIP_MAX_N:
+        return 1.0 / (1.0 + n_mc)
+    return min(1.0, (2.0 if alternative == "two-sided" else 1.0) / 2.0**n)
+
+
+# --------------------------------------------------------------------------- effect sizes
+def hierarchical_bootstrap_ci(contrast, *, strata=None, n_boot: int = 5000, confidence: float = 0.95,
+                              seed: int = 0) -> tuple[float, float, float]:
+    """Percentile CI of θ = mean over seeds of the per-seed mean of ``contrast`` (seeds × tasks).
+
+    ``contrast[s, t]`` is a per-task contrast of arms on seed s (e.g. lopd − control, tasks paired
+    across arms); with ``strata`` (a label per task, e.g. its domain) the per-seed value is the mean
+    of the stratum means. Each resample draws n seeds with replacement, then, inside every drawn seed,
+    the tasks of each stratum with replacement (one draw shared by all arms, because the contrast is
+    taken per task first). Returns (θ, low, high); nan bounds for a single seed."""
+    c = _as_array(contrast, "contrast")
+    if c.ndim != 2:
+        raise ValueError(f"contrast must be (seeds × tasks), got shape {c.shape}")
+    confidence = _check_prob(confidence, "confidence")
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot}")
+    labels = (np.zeros(c.shape[1], dtype=int) if strata is None
+              else np.unique(np.asarray(strata), return_inverse=True)[1])
+    if labels.shape != (c.shape[1],):
+        raise ValueError(f"strata needs one label per task ({c.shape[1]}), got {len(labels)}")
+    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
+    theta = float(np.mean([c[:, g].mean(axis=1) for g in groups], axis=0).mean())
+    n_seeds = c.shape[0]
+    if n_seeds < 2:
+        return theta, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    boots = np.empty(int(n_boot))
+    chunk = max(1, 4_000_000 // (n_seeds * c.shape[1]))
+    for start in range(0, int(n_boot), chunk):
+        b = min(chunk, int(n_boot) - start)
+        srows = rng.integers(0, n_seeds, size=(b, n_seeds))
+        per_seed = np.zeros((b, n_seeds))
+        for g in groups:
+            cols = g[rng.integers(0, g.size, size=(b, n_seeds, g.size))]
+            per_seed += c[srows[:, :, None], cols].mean(axis=2) / len(groups)
+        boots[start:start + b] = per_seed.mean(axis=1)
+    lo, hi = np.quantile(boots, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return theta, float(lo), float(hi)
+
+
+def holm(pvals: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values in input order: with p_(1) ≤ … ≤ p_(m),
+    adj_(i) = min(1, max_{j ≤ i} (m − j + 1)·p_(j)). Reject H_i at α iff adj_i ≤ α."""
+    p = _as_1d(pvals, "pvals")
+    if np.any((p < 0.0) | (p > 1.0)):
+        raise ValueError("pvals must lie in [0, 1]")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    adj[order] = np.minimum(np.maximum.accumulate((m - np.arange(m)) * p[order]), 1.0)
+    return [float(v) for v in adj]
+
+
+def prob_improvement(a: Sequence[float], b: Sequence[float]) -> float:
+    """P(X_a > X_b) + ½·P(X_a = X_b), X_a and X_b drawn independently from the samples (all pairs, no
+    pairing by seed): the Mann–Whitney U statistic of ``a`` over len(a)·len(b). 0.5 = no difference."""
+    aa, bb = _as_1d(a, "a"), _as_1d(b, "b")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # only U is used; the p-value machinery warns on tiny samples
+        u = stats.mannwhitneyu(aa, bb, alternative="two-sided", method="asymptotic").statistic
+    return float(u) / (aa.size * bb.size)
+
+
+# --------------------------------------------------------------------------- design: power
+def _power_es(effect_size, n, alpha: float, alternative: str):
+    """Power of the paired t-test for standardised effect E[d]/sd(d), vectorised in n (noncentral t,
+    ncp = effect·√n, df = n − 1). The lower tail is written as an upper tail of −ncp (nct.cdf is nan
+    deep in the left tail)."""
+    n = np.asarray(n, dtype=float)
+    df, ncp = n - 1.0, np.asarray(effect_size, dtype=float) * np.sqrt(n)
+    if alternative == "two-sided":
+        crit = stats.t.ppf(1.0 - alpha / 2.0, df)
+        return stats.nct.sf(crit, df, ncp) + stats.nct.sf(crit, df, -ncp)
+    crit = stats.t.ppf(1.0 - alpha, df)
+    return stats.nct.sf(crit, df, ncp if alternative == "greater" else -ncp)
+
+
+def _check_design(alpha, power=None, alternative="greater"):
+    _check_prob(alpha, "alpha")
+    _check_alternative(alternative)
+    if power is not None and _check_prob(power, "power") <= alpha:
+        raise ValueError(f"power ({power}) must exceed alpha ({alpha})")
+
+
+def t_test_power(diff: float, std: float, n: int, *, alpha: float = 0.05, alternative: str = "greater") -> float:
+    """Power of the paired t-test (:func:`t_test`) at level α with n seeds, when the per-seed
+    differences have mean ``diff`` and standard deviation ``std``; nan for n < 2."""
+    _check_design(alpha, None, alternative)
+    if not (std > 0 and math.isfinite(std)) or not math.isfinite(diff):
+        raise ValueError(f"std must be positive and finite and diff finite, got std={std}, diff={diff}")
+    if int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n}")
+    return math.nan if n < 2 else float(_power_es(diff / std, int(n), alpha, alternative))
+
+
+def min_detectable_diff(std: float, n: int, *, alpha: float = 0.05, power: float = 0.8,
+                        alternative: str = "greater") -> float:
+    """Smallest E[d] ≥ 0 that the paired t-test detects with probability ``power`` (``brentq`` on the
+    standardised effect). inf for n < 2, 0 for std = 0."""
+    _check_design(alpha, power, alternative)
+    if std < 0 or not math.isfinite(std) or int(n) != n:
+        raise ValueError(f"std must be non-negative and finite and n an integer, got std={std}, n={n}")
+    if n < 2:
+        return math.inf
+    if std == 0:
+        return 0.0
+    alt = "two-sided" if alternative == "two-sided" else "greater"
+
+    def gap(es: float) -> float:
+        return float(_power_es(es, int(n), alpha, alt)) - power
+
+    hi = 1.0
+    while gap(hi) < 0:
+        hi *= 2.0
+    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12, rtol=1e-12) * std)
+
+
+def seeds_needed(diff: float, std: float, *, alpha: float = 0.05, power: float = 0.8,
+                 alternative: str = "greater", max_n: int = 1000) -> int | None:
+    """Smallest n ≥ 2 at which (a) the paired t-test reaches ``power`` (as :func:`t_test_power`, a
+    1e-10 tolerance makes it the inverse of :func:`min_detectable_diff`) and (b) the exact sign-flip
+    robustness check can reject at all (:func:`min_sign_flip_p` < α). None when no n ≤ ``max_n`` does
+    (e.g. diff = 0, or diff < 0 for a ``greater`` test); std = 0 needs only (b)."""
+    _check_design(alpha, power, alternative)
+    if not math.isfinite(diff) or std < 0 or not math.isfinite(std) or int(max_n) != max_n or max_n < 2:
+        raise ValueError(f"need finite diff, finite std ≥ 0 and integer max_n ≥ 2 (got {diff}, {std}, {max_n})")
+    ns = np.arange(2, int(max_n) + 1)
+    floor_ok = np.array([min_sign_flip_p(int(k), alternative=alternative) < alpha for k in ns])
+    if diff == 0 or (alternative == "greater" and diff < 0) or (alternative == "less" and diff > 0):
+        return None
+    alt = "two-sided" if alternative == "two-sided" else "greater"
+    pw = np.ones(ns.size) if std == 0 else _power_es(abs(diff) / std, ns, alpha, alt)
+    ok = floor_ok & (pw >= power - 1e-10)
+    return int(ns[np.argmax(ok)]) if ok.any() else None
+
+
+def joint_power(mean, cov, n: int, *, alpha: float = 0.05, n_sim: int = 4000, seed: int = 0) -> float:
+    """P(every one-sided paired t-test rejects at α) for k contrasts whose per-seed values are
+    multivariate normal with ``mean`` (k,) and covariance ``cov`` (k × k), n seeds: the power of an
+    intersection–union rule, by simulating ``n_sim`` experiments from ``default_rng(seed)``."""
+    mu = _as_1d(mean, "mean")
+    sigma = np.atleast_2d(np.asarray(cov, dtype=float))
+    if sigma.shape != (mu.size, mu.size) or not np.all(np.isfinite(sigma)):
+        raise ValueError(f"cov must be a finite {mu.size}×{mu.size} matrix, got shape {sigma.shape}")
+    if int(n) != n or n < 2:
+        raise ValueError(f"n must be an integer ≥ 2, got {n}")
+    draws = np.random.default_rng(seed).multivariate_normal(mu, sigma, size=(int(n_sim), int(n)),
+                                                            check_valid="ignore", method="eigh")
+    p = t_test(np.moveaxis(draws, 1, -1), alternative="greater")["p"]  # (n_sim, k)
+    return float(np.mean(np.all(p < alpha, axis=-1)))
+
+
+def joint_seeds_needed(mean, cov, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 100,
+                       n_sim: int = 2000, seed: int = 0) -> int | None:
+    """Smallest n ≤ ``max_n`` with :func:`joint_power` ≥ ``power`` and :func:`min_sign_flip_p` < α, by
+    bisection (the power grows with n). None when some contrast has mean ≤ 0 (its one-sided test then has
+    power ≤ α) or ``max_n`` seeds are not enough."""
+    if np.any(_as_1d(mean, "mean") <= 0):
+        return None
+    lo = next(n for n in range(2, 64) if min_sign_flip_p(n) < alpha)
+
+    def ok(n: int) -> bool:
+        return joint_power(mean, cov, n, alpha=alpha, n_sim=n_sim, seed=seed) >= power
+
+    if not ok(max_n):
+        return None
+    hi = max_n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return lo
+
+
+# --------------------------------------------------------------------------- evaluation noise
+def eval_noise_share(samples, *, weights=None) -> dict:
+    """How much of the seed-to-seed variance of an arm's test reward is evaluation (sampling) noise.
+
+    ``samples`` is (seeds × tasks × K) per-sample rewards (K ≥ 2), ``weights`` per-task weights summing
+    to 1 (default 1/T; mean of domain means: 1/(#domains·T_domain)). Per-seed value
+    m_s = Σ_t w_t·mean_k x[s,t,k]; seed variance V = var_s(m_s) (ddof=1). Evaluation variance of m_s
+    with K samples: E_K = mean_s Σ_t w_t²·s²_{s,t}/K, with s²_{s,t} the unbiased within-task variance
+    over the K samples. Returns ``seed_var`` V, ``eval_var`` E_K, ``share`` E_K/V and, for one sample per
+    task, ``eval_var_1`` = K·E_K and ``share_1`` = K·E_K / (V + (K−1)·E_K). Shares are estimates and
+    can exceed 1 when the seeds differ by no more than evaluation noise; nan when V = 0."""
+    x = _as_array(samples, "samples")
+    if x.ndim != 3 or x.shape[0] < 2 or x.shape[2] < 2:
+        raise ValueError(f"samples must be (seeds ≥ 2) × tasks × (K ≥ 2 samples), got shape {x.shape}")
+    k, t = x.shape[2], x.shape[1]
+    w = np.full(t, 1.0 / t) if weights is None else _as_1d(weights, "weights")
+    if w.shape != (t,) or abs(w.sum() - 1.0) > 1e-9 or np.any(w < 0):
+        raise ValueError("weights must be one non-negative weight per task, summing to 1")
+    m = (x.mean(axis=2) * w).sum(axis=1)
+    v = float(np.var(m, ddof=1))
+    e_k = float(np.mean((x.var(axis=2, ddof=1) * w**2).sum(axis=1) / k))
+    share = e_k / v if v > 0 else math.nan
+    v_1 = v + (k - 1) * e_k
+    return {"n_seeds": int(x.shape[0]), "n_tasks": int(t), "samples": int(k), "seed_var": v, "eval_var": e_k,
+            "share": share, "eval_var_1": k * e_k, "share_1": k * e_k / v_1 if v_1 > 0 else math.nan}

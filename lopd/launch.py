@@ -1,0 +1,365 @@
+"""``lopd launch``: the out-of-date stages of ``dvc.yaml`` as Ray jobs; DVC keeps the record.
+
+DVC runs one stage at a time in one workspace (a second ``dvc repro`` there fails on its
+lock). ``lopd launch`` spreads the work while every result still comes out of DVC itself:
+
+1. **Plan.** DVC's stage graph (``Repo.index.graph``) and ``dvc status``: a stage is out of
+   date if DVC says it changed or any stage upstream of it is out of date.
+2. **Fan-out.** Each out-of-date stage whose upstream jobs finished becomes a Ray task that
+   reserves ``launch.resources[<stage name>]`` (CPUs, GPUs). Its job runs in its own
+   ``git worktree`` of the current commit (the main workspace's uncommitted files copied in,
+   ``dvc.lock`` merged from the main one and the jobs finished so far) that shares the main
+   DVC cache. It checks out its upstream stages' outputs from that cache and runs
+   ``dvc repro --single-item <stage>``: DVC hashes the inputs, runs the command and records
+   the run-cache entry (DVC writes it only after the command succeeded). Stages DVC does not
+   run-cache (a ``persist`` output, a ``cache: false`` output that is not a metric or plot,
+   ``always_changed``) run as ``dvc repro <stage>`` in the main workspace, one at a time; that
+   command restores their upstream results there from the run-cache first.
+3. **Fan-in.** A plain ``dvc repro`` in the main workspace restores every stage from the
+   run-cache and runs no stage command; ``dvc status`` is then clean. Outputs are never
+   ``dvc commit``-ed from outside DVC.
+
+A failed or killed job is retried up to ``launch.max_retries`` times in a fresh worktree,
+then reported with its log path; its downstream stages are not started. Restarting after an
+interrupt resumes: finished stages are restored from the run-cache without running.
+Logs: ``<log dir>/<stage>.<attempt>.log`` and ``events.jsonl`` (one line per job start/end with
+the GPU ids Ray granted). See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lopd.errors import BadInput
+from lopd.launch_plan import Plan, read_plan, ready_stages
+from lopd.launch_job import dvc_env, event, run_job, run_logged, stages_run
+from lopd.launch_worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
+                                  remove_worktree)
+
+ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path
+RAY_START_TRIES = 3
+CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
+
+
+class _Driver:
+    """Submits ready stages, collects results, retries failures (the loop of :func:`launch`)."""
+
+    def __init__(self, plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, remote, commit: str):
+        self.plan, self.lp, self.root, self.wt_root, self.log_dir, self.remote = plan, lp, root, wt_root, log_dir, remote
+        self.commit, self.cache_dir = commit, main_cache_dir(root)
+        self.main_locks = read_locks(root, plan.lockfiles)  # before any main-workspace job writes them
+        self.entries: dict[str, dict[str, dict]] = {}  # lock file -> stage -> entry, of the jobs finished so far
+        self.done: dict[str, dict] = {}
+        self.failed: dict[str, dict] = {}
+        self.running: dict = {}  # ray ref -> (stage, attempt, worktree or None)
+        self.blocked: list[str] = []  # not started: an upstream stage failed
+        self.token = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def run(self) -> None:
+        import ray
+
+        pending = set(self.plan.launch)
+        while pending or self.running:
+            main_busy = any(self.plan.jobs[s].in_main for s, _, _ in self.running.values())
+            for name in ready_stages(self.plan, pending, set(self.done), main_busy):
+                pending.discard(name)
+                self._submit(name, 1)
+                main_busy = main_busy or self.plan.jobs[name].in_main
+            if not self.running:
+                break  # the rest waits on failed stages
+            [ref], _ = ray.wait(list(self.running), num_returns=1)
+            self._collect(ref)
+        self.blocked = sorted(pending)
+
+    def _submit(self, name: str, attempt: int) -> None:
+        job = self.plan.jobs[name]
+        slug = job.slug
+        log = self.log_dir / f"{slug}.{attempt}.log"
+        wt = None
+        if not job.in_main:
+            wt = self.wt_root / f"{slug}.{attempt}-{self.token}"
+            prepare_worktree(self.root, wt, self.commit, self.main_locks, self.entries, self.lp.shared_paths,
+                             self.cache_dir)
+        sources = {s: self.done[s].get("worktree") for s in self.done}
+        spec = {"stage": name, "attempt": attempt, "cwd": str(wt or self.root), "in_main": job.in_main,
+                "checkout": [] if job.in_main else list(job.checkout),
+                "copy_missing": [] if job.in_main else [
+                    [rel, str(sources.get(prod) or self.root)] for rel, prod in job.copy_inputs],
+                "lockfile": job.lockfile, "lock_key": job.lock_key, "log": str(log),
+                "events": str(self.log_dir / "events.jsonl")}
+        res = self.lp.resources.get(job.kind, self.lp.resources["default"])
+        ref = self.remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=0,
+                                  name=f"lopd:{name}").remote(spec)
+        self.running[ref] = (name, attempt, wt)
+        print(f"submitted {name} (attempt {attempt}, {res.num_cpus:g} CPU, {res.num_gpus:g} GPU) log: {log}",
+              flush=True)
+
+    def _collect(self, ref) -> None:
+        import ray
+
+        name, attempt, wt = self.running.pop(ref)
+        log = self.log_dir / f"{self.plan.jobs[name].slug}.{attempt}.log"
+        try:
+            out = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - a killed worker, a cancelled task: a failed attempt
+            out = {"rc": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        out.update(attempt=attempt, log=str(log))
+        if out["rc"] == 0:
+            job = self.plan.jobs[name]
+            self.entries.setdefault(job.lockfile, {})[job.lock_key] = out.pop("entry")
+            keep = self.lp.keep_worktrees or name in self.plan.keep
+            out["worktree"] = str(wt) if (wt and keep) else None
+            if wt and not keep:
+                remove_worktree(self.root, wt)
+            self.done[name] = out
+            how = "restored from the run-cache" if out["restored"] else f"ran {len(out['ran'])} command(s)"
+            print(f"finished {name} ({how})", flush=True)
+        elif attempt <= self.lp.max_retries:
+            print(f"attempt {attempt} of {name} failed (rc={out['rc']} {out.get('error', '')}); log: {log}; retrying",
+                  flush=True)
+            self._submit(name, attempt + 1)
+        else:
+            self.failed[name] = out
+            print(f"FAILED {name} after {attempt} attempt(s); log: {log}", flush=True)
+
+    def cancel(self) -> None:
+        """Interrupt every running job (its dvc process group is stopped) and wait for them."""
+        import ray
+
+        refs = list(self.running)
+        for ref in refs:
+            ray.cancel(ref)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+
+
+def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
+    """Plain ``dvc repro`` in the main workspace, then ``dvc status``: returns the stage
+    commands the repro ran (should be none: every result comes from the run-cache)."""
+    env = dvc_env()
+    event(log_dir / "events.jsonl", "fan-in start")
+    with open(log_dir / "fan-in.log", "w") as fh:
+        rc = run_logged(["dvc", "repro", *targets], root, fh, env)
+    lines = (log_dir / "fan-in.log").read_text(errors="replace").splitlines()
+    ran = stages_run(lines)
+    restored = [ln.split("'")[1] for ln in lines if "is cached - skipping run" in ln]
+    st = subprocess.run(["dvc", "status", "--json", *targets], cwd=root, env=env, capture_output=True, text=True)
+    status = json.loads(st.stdout) if st.returncode == 0 and st.stdout.strip() else {"error": st.stderr[-500:]}
+    event(log_dir / "events.jsonl", "fan-in end", rc=rc, ran=ran)
+    return {"rc": rc, "ran": ran, "restored": restored, "status_clean": status == {}, "status": status,
+            "log": str(log_dir / "fan-in.log")}
+
+
+def launch(params, root: str | Path = ".", address: str | None = None, num_cpus: float | None = None,
+           num_gpus: float | None = None, targets: list[str] | None = None, log_dir: str | Path | None = None,
+           check_resources: bool = True) -> dict:
+    """Run the out-of-date stages on Ray (``address``: an existing cluster; None: start a local
+    one with ``num_cpus``/``num_gpus`` logical resources), then fan in. Returns the summary
+    that is also written to ``<log dir>/summary.json``; ``summary["ok"]``: every job finished,
+    the fan-in ran no stage command and ``dvc status`` is clean."""
+    root = Path(git(Path(root), "rev-parse", "--show-toplevel").strip())
+    commit = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True,
+                            text=True).stdout.strip()
+    if not commit:
+        raise BadInput(f"{root} has no commit: each job's worktree checks out the current commit (git commit first)")
+    lp = getattr(params, "launch", params)  # a Params or its LaunchParams
+    wt_root = _worktree_root(root, lp.worktree_root)
+    with _exclusive(wt_root, root):
+        plan = read_plan(root, targets or [])
+        unknown = sorted(set(lp.resources) - {"default"} - plan.kinds)
+        if unknown:
+            raise BadInput(f"launch.resources names no stage of dvc.yaml: {unknown}; stages: {sorted(plan.kinds)}")
+        log_dir = Path(log_dir) if log_dir else wt_root / "logs" / time.strftime("%Y%m%d-%H%M%S")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_worktrees(root, wt_root)
+        print(f"{len(plan.launch)} of {len(plan.jobs)} stages out of date; logs: {log_dir}", flush=True)
+        t0 = time.time()
+        summary: dict = {"launched": sorted(plan.launch), "log_dir": str(log_dir)}
+        drv = None
+        if plan.launch:
+            drv = _fan_out(plan, lp, root, wt_root, log_dir, commit, address, num_cpus, num_gpus, check_resources)
+            summary.update(done={k: _brief(v) for k, v in drv.done.items()},
+                           failed={k: _brief(v) for k, v in drv.failed.items()}, blocked=drv.blocked)
+        summary["jobs_s"] = round(time.time() - t0, 1)
+        if not summary.get("failed") and not summary.get("blocked"):
+            summary["fan_in"] = fan_in(root, targets or [], log_dir)
+            for out in (drv.done.values() if drv and not lp.keep_worktrees else ()):
+                if out.get("worktree"):  # kept until now to serve uncached outputs downstream
+                    remove_worktree(root, Path(out["worktree"]))
+        summary["wall_s"] = round(time.time() - t0, 1)
+        fi = summary.get("fan_in")
+        summary["ok"] = bool(fi) and fi["rc"] == 0 and not fi["ran"] and fi["status_clean"]
+        (log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+@contextlib.contextmanager
+def _exclusive(wt_root: Path, root: Path):
+    """One ``lopd launch`` per repository at a time (it owns the worktrees under ``wt_root``)."""
+    wt_root.mkdir(parents=True, exist_ok=True)
+    with open(wt_root / "launch.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+        yield
+
+
+def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: str, address, num_cpus, num_gpus,
+             check_resources: bool) -> _Driver:
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("lopd launch needs Ray: pip install 'lopd[cluster]' (or: pip install ray)") from None
+    _init_ray(ray, address, num_cpus, num_gpus)
+    try:
+        if check_resources:
+            _check_resources(plan, lp, ray.cluster_resources())
+        drv = _Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
+        try:
+            drv.run()
+        except KeyboardInterrupt:
+            drv.cancel()
+            raise
+        return drv
+    finally:
+        ray.shutdown()
+
+
+def _init_ray(ray, address: str | None, num_cpus: float | None, num_gpus: float | None) -> None:
+    """Connect to ``address``, or start a local cluster. Ray gives a starting node a fixed 30 s;
+    on a loaded machine that can pass, so a local start is retried after stopping the processes
+    it left (they are this process's children)."""
+    if address:
+        try:
+            ray.init(address=address, logging_level="WARNING")
+        except ConnectionError as e:
+            hint = "" if os.environ.get("RAY_AUTH_MODE") else (
+                " (a cluster started by `ray start` uses token authentication: export RAY_AUTH_MODE=token and "
+                "make its token available, ~/.ray/auth_token or RAY_AUTH_TOKEN)")
+            raise BadInput(f"cannot connect to the Ray cluster at {address}: {e}{hint}") from None
+        return
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                     logging_level="WARNING")  # "local": a new cluster even if `ray start` left one
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == RAY_START_TRIES:
+                raise
+            print(f"the local Ray node did not start in time (attempt {attempt}); retrying", flush=True)
+            _stop_children()
+
+
+def _stop_children() -> None:
+    import psutil
+
+    kids = psutil.Process().children(recursive=True)
+    for k in kids:
+        k.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    for k in alive:
+        k.kill()
+
+
+def _brief(out: dict) -> dict:
+    return {k: out.get(k) for k in ("rc", "attempt", "ran", "restored", "log", "error") if k in out}
+
+
+def _worktree_root(root: Path, setting: str | None) -> Path:
+    path = (root / ".dvc" / "tmp" / "launch") if setting is None else (root / setting).resolve()
+    inside = path == root or root in path.parents
+    if inside and (root / ".dvc") not in path.parents:
+        raise BadInput(f"launch.worktree_root {path} is inside the repository: DVC would collect the worktrees' "
+                       "dvc.yaml; use a path outside it or under .dvc/tmp")
+    return path
+
+
+def _check_resources(plan: Plan, lp, total: dict) -> None:
+    """A job asking more than the whole cluster has would wait forever: say so instead."""
+    for kind in sorted({plan.jobs[s].kind for s in plan.launch}):
+        res = lp.resources.get(kind, lp.resources["default"])
+        for key, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)):
+            if want > total.get(key, 0):
+                raise BadInput(f"launch.resources.{kind if kind in lp.resources else 'default'} asks "
+                               f"{want:g} {key} per job but the Ray cluster has {total.get(key, 0):g} "
+                               f"(local cluster: --num-{key.lower()}s; or lower launch.resources)")
+
+
+def _report(summary: dict) -> int:
+    for name, out in sorted(summary.get("failed", {}).items()):
+        print(f"FAILED {name}: rc={out.get('rc')} {out.get('error') or ''} after {out['attempt']} attempt(s); "
+              f"log: {out['log']}")
+        lines = Path(out["log"]).read_text(errors="replace").splitlines() if Path(out["log"]).exists() else []
+        print("  | " + "\n  | ".join(lines[-ERROR_LOG_TAIL:]))
+    if summary.get("blocked"):
+        print(f"not started (upstream failed): {', '.join(summary['blocked'])}")
+    fi = summary.get("fan_in")
+    if fi:
+        print(f"fan-in: dvc repro restored {len(fi['restored'])} stage(s) from the run-cache and ran "
+              f"{len(fi['ran'])} stage command(s) {fi['ran'] or ''}; dvc status clean: {fi['status_clean']}; "
+              f"log: {fi['log']}")
+    print(f"lopd launch: {'OK' if summary['ok'] else 'FAILED'} in {summary['wall_s']:.0f} s; "
+          f"summary: {summary['log_dir']}/summary.json")
+    return 0 if summary["ok"] else 1
+
+
+def load_launch_params(path: str | Path):
+    """Only the ``launch`` section is read (each stage validates its own sections)."""
+    from pydantic import ValidationError
+
+    from lopd.config import LaunchParams, read_yaml_mapping
+
+    raw = read_yaml_mapping(path, "params file")
+    if "launch" not in raw:
+        raise BadInput(f"{path} has no `launch` section (see params.yaml of this repository)")
+    try:
+        return LaunchParams.model_validate(raw["launch"])
+    except ValidationError as e:
+        lines = [f"  launch.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise BadInput(f"invalid parameters in {path}:\n" + "\n".join(lines)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+
+    p = argparse.ArgumentParser(prog="lopd launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="*", help="stages to bring up to date (default: the whole pipeline)")
+    p.add_argument("--params", default="params.yaml", help="params file with the `launch` section")
+    p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    p.add_argument("--num-cpus", type=float, default=None, help="local cluster: logical CPUs (default: all)")
+    p.add_argument("--num-gpus", type=float, default=None, help="local cluster: logical GPUs (default: detected)")
+    p.add_argument("--log-dir", default=None, help="default: <worktree_root>/logs/<time>")
+    p.add_argument("--no-resource-check", action="store_true",
+                   help="submit jobs larger than the cluster's current total (an autoscaling cluster grows)")
+    a = p.parse_args(argv)
+
+    def on_term(signum, frame):  # noqa: ARG001 - a batch system's SIGTERM stops the jobs cleanly too
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        summary = launch(load_launch_params(a.params), ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
+                         targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lopd launch interrupted: running jobs stopped; run it again to resume (finished stages are "
+              "restored from the run-cache)", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return _report(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

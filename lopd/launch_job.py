@@ -1,0 +1,127 @@
+"""The job side of ``lopd launch``: what one Ray task does in its worktree, and its logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
+POLL_S = 0.2
+
+
+def run_job(spec: dict) -> dict:
+    """One job (runs inside a Ray worker): restore the upstream outputs, then let DVC run the stage.
+
+    Returns ``{"rc", "ran", "restored", "entry"}``: the exit status, the stage commands DVC ran
+    ("Running stage" lines), whether DVC restored the stage from the run-cache, and the stage's
+    ``dvc.lock`` entry written by DVC (``None`` on failure)."""
+    import ray
+
+    gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+    cwd, stage, log, events = spec["cwd"], spec["stage"], spec["log"], spec["events"]
+    env = dvc_env()
+    event(events, "start", stage=stage, attempt=spec["attempt"], cwd=cwd, gpu_ids=gpu_ids,
+          cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    with open(log, "a") as fh:
+        rc = run_logged(["dvc", "checkout", *spec["checkout"]], cwd, fh, env) if spec["checkout"] else 0
+        if rc == 0:
+            rc = _copy_missing(spec, fh)
+        if rc == 0:
+            cmd = ["dvc", "repro", stage] if spec["in_main"] else ["dvc", "repro", "--single-item", stage]
+            rc = run_logged(cmd, cwd, fh, env, on_start=lambda pid: event(
+                events, "running", stage=stage, attempt=spec["attempt"], pid=pid))
+        entry = read_lock_entry(cwd, spec["lockfile"], spec["lock_key"]) if rc == 0 else None
+        if rc == 0 and entry is None:
+            print(f"dvc repro exited 0 but {spec['lockfile']} has no entry {spec['lock_key']!r}", file=fh)
+            rc = 1
+    lines = Path(log).read_text(errors="replace").splitlines()
+    ran = stages_run(lines)
+    restored = any(ln.startswith(f"Stage '{stage}' is cached - skipping run") for ln in lines)
+    event(events, "end", stage=stage, attempt=spec["attempt"], rc=rc, ran=ran, restored=restored, gpu_ids=gpu_ids)
+    return {"rc": rc, "ran": ran, "restored": restored, "entry": entry}
+
+
+def stages_run(lines: list[str]) -> list[str]:
+    """The stages whose command DVC ran, from its "Running stage '<name>':" lines."""
+    return [ln.split("'")[1] for ln in lines if ln.startswith("Running stage '")]
+
+
+def _copy_missing(spec: dict, fh) -> int:
+    """Inputs ``dvc checkout`` cannot restore (outputs with ``cache: false``, files no stage
+    produces) are copied from the workspace that holds them."""
+    for rel, source in spec["copy_missing"]:
+        dst, src = Path(spec["cwd"]) / rel, Path(source) / rel
+        if dst.exists():
+            continue
+        if not src.exists():
+            print(f"input {rel} is missing here and in {source}", file=fh)
+            return 1
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+        print(f"copied input {rel} from {source}", file=fh, flush=True)
+    return 0
+
+
+def dvc_env() -> dict[str, str]:
+    """The job's environment: this Python's bin directory first on PATH (dvc and the stage
+    commands come from the environment Ray runs the job in)."""
+    bin_dir = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+
+
+def event(path: str | Path, kind: str, **fields) -> None:
+    """One JSON line per event (O_APPEND: jobs on any node of a shared filesystem add lines)."""
+    line = json.dumps({"t": round(time.time(), 3), "event": kind, "host": socket.gethostname(), **fields})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
+    """Run ``cmd`` under :mod:`lopd.launch_guard` in a new process group, output to ``fh``. An
+    interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
+    stage command outlives its job. ``on_start`` gets the group id."""
+    print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
+    guard = [sys.executable, str(Path(__file__).with_name("launch_guard.py"))]
+    proc = subprocess.Popen(guard + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    if on_start is not None:
+        on_start(proc.pid)
+    try:
+        while proc.poll() is None:  # not proc.wait(): Ray's cancel raises between bytecodes, not in waitpid
+            time.sleep(POLL_S)
+        return proc.returncode
+    except BaseException:
+        _stop_group(proc)
+        raise
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_lock_entry(cwd: str | Path, lockfile: str, key: str) -> dict | None:
+    path = Path(cwd) / lockfile
+    if not path.exists():
+        return None
+    return ((yaml.safe_load(path.read_text()) or {}).get("stages") or {}).get(key)

@@ -1,0 +1,79 @@
+"""Every path the pipeline reads or writes, rooted at the repository — never at the working directory.
+
+The root is the directory that holds the params file (``params.yaml`` sits at the repository
+root, and a test workspace keeps its own params file at its own root), so a stage behaves the
+same from any working directory. ``LOPD_ROOT`` overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @classmethod
+    def for_params(cls, params_file: str | Path) -> "Paths":
+        env = os.environ.get("LOPD_ROOT")
+        return cls(Path(env).resolve() if env else Path(params_file).resolve().parent)
+
+    # --- DVC outputs (content is a deterministic function of the declared deps) -----------------
+    @property
+    def splits(self) -> Path:
+        return self.root / "data" / "splits"
+
+    @property
+    def base(self) -> Path:
+        return self.root / "models" / "base"
+
+    @property
+    def bank(self) -> Path:
+        return self.root / "models" / "bank"
+
+    @property
+    def cold_start(self) -> Path:
+        return self.root / "models" / "cold_start"
+
+    @property
+    def hpo(self) -> Path:
+        return self.root / "hpo"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def eval(self) -> Path:
+        return self.results / "eval"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    # --- not DVC outputs ---------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        """Mid-run checkpoints (a killed run resumes from here; removed when the run completes)."""
+        return self.root / "checkpoints"
+
+    @property
+    def meta(self) -> Path:
+        """Side files: run ids, timings, host names — everything that must not enter a DVC output."""
+        return self.root / ".lopd" / "meta"
+
+    def meta_file(self, stage: str) -> Path:
+        return self.meta / f"{stage.replace('@', '-')}.json"
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.runs / f"{arm}-{seed}"
+
+    def eval_dir(self, arm: str, seed: int) -> Path:
+        return self.eval / f"{arm}-{seed}"

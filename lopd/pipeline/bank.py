@@ -1,0 +1,67 @@
+"""Stage ``bank``: successful base-policy rollouts on train → the experience bank; retrieval
+precision on val for the configured embedder and the alternative one."""
+
+from __future__ import annotations
+
+from lopd import data as data_mod
+from lopd.config import Params
+from lopd.errors import RunFailed
+from lopd.paths import Paths
+from lopd.pipeline.common import experience_task, load_backbone, splits_read
+
+
+def _successes(params: Params, bb, envs, train) -> list:
+    import torch
+
+    from lopd.bank import Experience
+    from lopd.rollout import rollout_batch
+    from lopd.utils import progress
+
+    bp, ev = params.bank, params.evaluate
+    gen = torch.Generator().manual_seed(bp.seed)
+    todo = [t for t in train for _ in range(bp.rollouts_per_task)]
+    entries, seen = [], set()
+    bb.mode("student")
+    with progress() as prog:
+        bar = prog.add_task("bank rollouts", total=len(todo), info="")
+        for i in range(0, len(todo), ev.batch_size):
+            batch = todo[i:i + ev.batch_size]
+            for r in rollout_batch(bb.model, bb.fmt, envs, batch, max_new_tokens=ev.max_new_tokens,
+                                   max_len=params.model.max_seq_len, temperature=ev.temperature, generator=gen):
+                if r.reward >= bp.min_reward and r.finished and r.task.task_id not in seen:
+                    seen.add(r.task.task_id)  # one experience per task instance
+                    entries.append(Experience(r.task.task_id, r.task.domain, r.task.family, r.task.prompt,
+                                              r.messages, r.reward))
+            prog.update(bar, advance=len(batch), info=f"{len(entries)} successes")
+    return entries
+
+
+def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
+    from lopd.bank import ExperienceBank, embed_tasks
+
+    bank = ExperienceBank(entries, embed_tasks(embedder, bb, [experience_task(e) for e in entries]), embedder)
+    return bank, bank.precision(val, embed_tasks(embedder, bb, val), params.train.n_ret)
+
+
+def run(params: Params, paths: Paths) -> dict:
+    from lopd.evaluate import make_envs
+    from lopd.utils import seed_everything
+
+    bp = params.bank
+    bb = load_backbone(params, paths)
+    seed_everything(bp.seed, params.model.torch_threads)
+    reader = data_mod.SplitReader(paths.splits, role="bank")
+    train, val = reader.load("train"), reader.load("val")
+    entries = _successes(params, bb, make_envs(params), train)
+    if not entries:
+        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
+    bank, prec = _precision(params, bb, entries, val, bp.embedder)
+    precision = {bp.embedder: prec}
+    other = "minilm" if bp.embedder == "backbone" else "backbone"
+    try:  # measure the alternative embedder too, so the default is chosen on evidence
+        precision[other] = _precision(params, bb, entries, val, other)[1]
+    except Exception as e:  # noqa: BLE001 - optional comparison; the manifest says why it is missing
+        precision[other] = {"error": f"{type(e).__name__}: {e}"}
+    manifest = bank.save(paths.bank, {"retrieval_precision_val": precision, "splits_read": splits_read()})
+    print(f"bank: {len(bank)} experiences {manifest['by_family']}; val retrieval precision {precision}")
+    return manifest

@@ -1,0 +1,58 @@
+"""What several stages share: the backbone, the run resources, side files."""
+
+from __future__ import annotations
+
+from lopd import data as data_mod
+from lopd.config import Params
+from lopd.paths import Paths
+from lopd.utils import write_json
+
+
+def load_backbone(params: Params, paths: Paths):
+    from lopd.model.backbone import load_backbone as _load
+    from lopd.utils import seed_everything
+
+    seed_everything(0, params.model.torch_threads)
+    return _load(params, paths.base)
+
+
+def experience_task(e):
+    """The (prompt-only) task an experience came from, for embedding it."""
+    from lopd.envs.base import Task
+
+    return Task(e.task_id, e.domain, e.family, e.prompt)
+
+
+def task_embeddings(params: Params, bb, tasks) -> dict:
+    from lopd.bank import embed_tasks
+
+    return {t.task_id: e for t, e in zip(tasks, embed_tasks(params.bank.embedder, bb, tasks))}
+
+
+def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = True):
+    """Backbone, bank, φ0 and the train/val tasks shared by every run of a process."""
+    from lopd.bank import ExperienceBank
+    from lopd.training.checkpoint import load_tensors_verified
+    from lopd.evaluate import make_envs
+    from lopd.training.trainer import Resources
+
+    bb = load_backbone(params, paths)
+    reader = data_mod.SplitReader(paths.splits, role=role)
+    train, val = reader.load("train"), reader.load("val")
+    bank = ExperienceBank.load(paths.bank) if need_bank else None
+    phi0 = load_tensors_verified(paths.cold_start / "phi0.safetensors") if need_bank else None
+    res = Resources(params=params, bb=bb, bank=bank, train_tasks=train, val_tasks=val, envs=make_envs(params),
+                    phi0=phi0, k_max=params.cold_start.k_max)
+    if need_bank:
+        res.task_emb = task_embeddings(params, bb, train + val)
+    return res
+
+
+def splits_read() -> list[dict]:
+    """Which splits this process opened (role and hash): the leakage audit reads it."""
+    return list(data_mod.ACCESS_LOG)
+
+
+def write_side(paths: Paths, stage: str, meta: dict) -> None:
+    """Run ids, timings and tracking status: beside the outputs, never inside a DVC output."""
+    write_json(paths.meta_file(stage), meta)

@@ -1,0 +1,65 @@
+"""Stage ``evaluate@{arm}-{seed}``: the ONLY stage that reads the test split. The trained student
+alone (no retrieval, no latents, no composer) on every test task."""
+
+from __future__ import annotations
+
+from lopd import data as data_mod
+from lopd.config import Params
+from lopd.errors import BadInput
+from lopd.paths import Paths
+from lopd.pipeline.common import splits_read, write_side
+from lopd.utils import write_json
+
+
+def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
+    from lopd.evaluate import evaluate_policy
+
+    ev = params.evaluate
+    return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
+                           batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed,
+                           samples_per_task=ev.samples_per_task)
+
+
+def _track(params: Params, paths: Paths, arm: str, seed: int, result: dict) -> None:
+    """The evaluation's MLflow run, nested under the experiment's parent (ids go to a side file)."""
+    from lopd.tracking import Tracker
+
+    tr = Tracker(params, f"eval-{arm}-{seed}", {"stage": "evaluate", "arm": arm, "seed": seed, "split": "test",
+                                                "bank_mode": "none", "params_hash": params.section_hash()})
+    tr.log_metrics({"test_reward": result["test_reward"],
+                    **{f"test_reward_{d}": v for d, v in result["test_reward_by_domain"].items()}}, 0)
+    tr.end()
+    write_side(paths, f"evaluate@{arm}-{seed}", {"mlflow_run_id": tr.run_id, "tracking": tr.status})
+
+
+def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
+    from lopd.arms import get_arm
+    from lopd.training.checkpoint import load_tensors_verified
+    from lopd.envs import make_env
+    from lopd.evaluate import make_envs
+    from lopd.model.backbone import load_student_policy
+    from lopd.utils import seed_everything
+
+    get_arm(arm)
+    run_dir = paths.run_dir(arm, seed)
+    if not (run_dir / "result.json").exists():
+        raise BadInput(f"no finished run at {run_dir} (train {arm} seed {seed} first)")
+    seed_everything(0, params.model.torch_threads)
+    model, fmt = load_student_policy(params, paths.base, load_tensors_verified(run_dir / "student.safetensors"))
+    test = data_mod.SplitReader(paths.splits, role="evaluate").load("test")
+    res = _evaluate(params, model, fmt, make_envs(params), test, seed)
+    benchmarks = {}
+    for dom in params.envs.eval_domains:  # real benchmark data, evaluation only
+        env = make_env(dom, params.envs)
+        b = _evaluate(params, model, fmt, {dom: env}, env.generate(params.envs.seed, params.envs.n_test), seed)
+        benchmarks[dom] = b["mean"]
+        res["per_task"] += b["per_task"]
+    out = paths.eval_dir(arm, seed)
+    write_json(out / "per_task.json", res["per_task"])
+    result = {"arm": arm, "seed": seed, "test_reward": res["mean"], "test_reward_by_domain": res["by_domain"],
+              "benchmarks": benchmarks, "n_tasks": len(test), "samples_per_task": res["samples_per_task"],
+              "splits_read": splits_read()}
+    write_json(out / "result.json", result)
+    _track(params, paths, arm, seed, result)
+    print(f"test {arm} seed {seed}: {res['mean']:.3f} {res['by_domain']}")
+    return result

@@ -1,0 +1,39 @@
+"""Stage ``hpo``: Optuna TPE over m, K, n_ret on the VALIDATION split only (resumable journal)."""
+
+from __future__ import annotations
+
+import time
+
+from lopd.config import Params
+from lopd.paths import Paths
+from lopd.pipeline.common import load_resources, splits_read, write_side
+
+
+def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
+        n_trials: int | None = None) -> dict:
+    from lopd.search.hpo import dep_files, run_search, write_outputs, write_result
+    from lopd.tracking import Tracker
+
+    res = load_resources(params, paths, role="hpo")
+    storage = storage or str(paths.hpo / "journal.log")
+    tracker = Tracker(params, "hpo" + ("-worker" if worker else ""),
+                      {"stage": "hpo", "arm": "lopd", "seed": params.hpo.seed, "split": "val", "bank_mode": "relevant",
+                       "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train", "hpo")})
+    t0 = time.time()
+    try:
+        study = run_search(params, res, storage=storage, dep_files=dep_files(paths), n_trials=n_trials,
+                           worker=worker, parent_tracker=tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    if worker:
+        tracker.end()
+        return {}
+    sel = write_outputs(study, paths.hpo)
+    tracker.log_params({f"best_{k}": v for k, v in sel.items()})
+    tracker.end()
+    write_result(paths.hpo, sel, study, splits_read())
+    write_side(paths, "hpo", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
+                              "tracking": tracker.status})
+    print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} (val reward {sel['value']:.3f})")
+    return sel

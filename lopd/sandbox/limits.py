@@ -1,0 +1,113 @@
+"""OS-level limits for the sandbox's child: rlimits, and, where the machine allows, an empty
+network namespace and an unprivileged uid (probed once per parent process, cached)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+NOBODY = 65534
+_CLONE_NEWNET = 0x40000000
+_FSIZE_BYTES = 1 << 20
+_NOFILE = 32
+
+_ISO_LOCK = threading.Lock()
+_ISO: dict | None = None
+_LIBC_UNSHARE = None
+
+
+def unshare_fn():
+    """A callable doing ``unshare(CLONE_NEWNET)``, resolved in the parent (not after fork)."""
+    global _LIBC_UNSHARE
+    if hasattr(os, "unshare"):
+        return lambda: os.unshare(_CLONE_NEWNET)
+    if _LIBC_UNSHARE is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.unshare
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+
+        def call() -> None:
+            if fn(_CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+
+        _LIBC_UNSHARE = call
+    return _LIBC_UNSHARE
+
+
+def make_preexec(timeout_s: float, mem_mb: int, netns: bool, drop: bool, unshare=None):
+    """The ``preexec_fn`` run in the forked child before ``exec``: namespace, rlimits, uid."""
+    import resource
+
+    cpu = max(1, int(timeout_s) + 1)
+    mem = int(mem_mb) * 1024 * 1024
+
+    def preexec() -> None:
+        if netns:
+            unshare()
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (_FSIZE_BYTES, _FSIZE_BYTES))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_NOFILE, _NOFILE))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if drop:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        # lowered *after* setuid: the per-user process count then makes every fork/clone
+        # fail. Root ignores RLIMIT_NPROC, so this only bites once the uid is dropped (or
+        # when the parent is not root); the audit hook refuses os.fork regardless.
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+
+    return preexec
+
+
+def _probe(netns: bool, drop: bool) -> bool:
+    d = tempfile.mkdtemp(prefix="lopd-probe-")
+    try:
+        if drop:
+            os.chown(d, NOBODY, NOBODY)
+        pre = make_preexec(5.0, 256, netns, drop, unshare_fn() if netns else None)
+        r = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", "import os; print(os.getuid())"],
+            cwd=d, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=10, preexec_fn=pre, start_new_session=True,
+        )
+        want = str(NOBODY) if drop else str(os.getuid())
+        return r.returncode == 0 and r.stdout.strip() == want.encode()
+    except Exception:
+        return False
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def isolation() -> dict:
+    """Which OS-level barriers this machine allows: ``{"netns": bool, "drop_uid": bool}``.
+
+    Probed once (a few tiny child processes) and cached for the life of the process.
+    """
+    global _ISO
+    with _ISO_LOCK:
+        if _ISO is None:
+            is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+            netns = drop = False
+            if is_root:
+                try:
+                    unshare_fn()
+                    netns = _probe(True, False)
+                except Exception:
+                    netns = False
+                drop = _probe(netns, True)
+                if not drop and netns:
+                    # prefer keeping at least one barrier
+                    drop = _probe(False, True)
+                    if drop:
+                        netns = False
+            _ISO = {"netns": netns, "drop_uid": drop}
+        return dict(_ISO)

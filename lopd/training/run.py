@@ -1,0 +1,128 @@
+"""One training job: one arm, one seed → ``result.json``, ``history.csv``, ``splits_read.json`` and
+the adapter weights in ``out_dir``. Used by the train stage, the search and the sensitivity grid.
+
+Run ids and timings go to the returned ``meta`` (the caller writes them to a side file), never
+into ``out_dir``: a resumed and an uninterrupted run write byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from lopd.config import Params
+from lopd.errors import BadInput
+from lopd.utils import write_json
+
+
+def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
+    """m, K, n_ret chosen by the validation search (for arms that use them)."""
+    import yaml
+
+    if not (arm.use_selected and params.train.use_best_params):
+        return {}
+    if not best_params_file.exists():
+        raise BadInput(f"{best_params_file} not found: run the hpo stage first, or set train.use_best_params: false")
+    best = yaml.safe_load(best_params_file.read_text()) or {}
+    return {k: best[k] for k in ("margin", "K", "n_ret") if k in best}
+
+
+def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, parent_run_id, is_main):
+    """The MLflow run of this job; a run left RUNNING by a killed attempt is marked KILLED and linked."""
+    from lopd.tracking import Tracker, mark_stale_run
+
+    stale = None
+    # the MLflow run id lives beside the checkpoint (a checkpoint directory is replaced whole)
+    rid = ckpt_dir.with_name(ckpt_dir.name + ".mlflow_run_id") if ckpt_dir is not None else None
+    if rid is not None:
+        ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
+        if rid.exists() and is_main:
+            stale = rid.read_text().strip()
+            mark_stale_run(params.tracking, stale)
+    all_tags = {"stage": "train", "arm": arm_name, "seed": seed, "bank_mode": arm.bank_mode, "split": "train+val",
+                "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train"),
+                **(tags or {})}
+    if stale:
+        all_tags["resumed_from_run"] = stale
+    tracker = Tracker(params, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
+    if rid is not None and tracker.run_id and is_main:
+        rid.write_text(tracker.run_id)
+    return tracker, rid, stale, all_tags["params_hash"]
+
+
+def _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world):
+    from lopd.training.trainer import Trainer
+    from lopd.utils import progress
+
+    with progress() as prog:
+        bar = prog.add_task(f"train {arm_name} seed {seed}", total=hp.steps if arm.trains else 1, info="")
+
+        def on_progress(step, row):
+            prog.update(bar, completed=step, info=f"reward {row.get('reward') or 0:.2f} β {row.get('beta') or 0:.2f}")
+
+        trainer = Trainer(res, arm, hp, seed, tracker=tracker, ckpt_dir=ckpt_dir, on_val=on_val,
+                          progress=on_progress, world=world)
+        if world is not None:
+            from lopd.training.distributed import broadcast_trainer
+
+            broadcast_trainer(world, trainer)  # every rank starts from rank 0's θ and φ
+        try:
+            info = trainer.fit()
+        except BaseException:
+            tracker.end("FAILED")
+            raise
+    return trainer, info
+
+
+def _write_outputs(out_dir: Path, res, trainer, result: dict, splits: list) -> None:
+    from lopd.training.checkpoint import save_tensors
+    from lopd.training.trainer import HISTORY_COLUMNS
+    from lopd.utils import write_csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(out_dir / "student.safetensors", res.bb.adapter_state("student"))
+    if trainer.composer is not None:
+        save_tensors(out_dir / "composer.safetensors", trainer.composer.state())
+    write_csv(out_dir / "history.csv", trainer.history, [c for c in HISTORY_COLUMNS if c != "seconds"])
+    write_json(out_dir / "splits_read.json", splits)
+    write_json(out_dir / "result.json", result)
+
+
+def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
+            best_params_file: Path | None = None, tags: dict | None = None, hp_over: dict | None = None,
+            on_val=None, parent_run_id: str | None = None, final_val: bool = True, world=None) -> tuple[dict, dict]:
+    """Train ``arm_name`` with ``seed``; returns ``(result, meta)``. ``best_params_file=None`` uses no
+    search selection (the search itself and the sensitivity grid pass their points in ``hp_over``)."""
+    from lopd import data as data_mod
+    from lopd.arms import get_arm
+    from lopd.training.trainer import HParams
+    from lopd.utils import seed_everything
+
+    arm = get_arm(arm_name)
+    selected = selected_hparams(params, best_params_file, arm) if best_params_file is not None else {}
+    hp = HParams.from_params(params, **{**selected, **(hp_over or {})})
+    seed_everything(seed, params.model.torch_threads)
+    is_main = world is None or world.is_main
+    tracker, rid, stale, params_hash = _tracker(params, arm, arm_name, seed, ckpt_dir, tags, parent_run_id, is_main)
+    tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
+    t0 = time.time()
+    trainer, info = _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world)
+    final = trainer.validate(res.val_tasks) if final_val else trainer.last_val
+    result = {"arm": arm_name, "seed": seed, "hparams": hp.__dict__, "arm_switches": arm.to_dict(),
+              "val_reward": final, "final_train_reward": next((r["reward"] for r in reversed(trainer.history)
+                                                               if r.get("reward") is not None), None),
+              "steps": trainer.step, "rollouts_used": trainer.rollouts_used, "beta_final": trainer.beta,
+              "infeasible_margin": trainer.infeasible, "params_hash": params_hash}
+    meta = {"mlflow_run_id": tracker.run_id, "tracking": "ok" if tracker.ok else f"failed: {tracker.error}",
+            "seconds": round(time.time() - t0, 1), "resumed_from_step": info["resumed_from_step"],
+            "resumed_from_run": stale}
+    if is_main:
+        _write_outputs(out_dir, res, trainer, result, list(data_mod.ACCESS_LOG))
+    tracker.log_metrics({"final_val_reward": final}, trainer.step)
+    tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
+    tracker.end()
+    if ckpt_dir is not None and is_main:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
+        rid.unlink(missing_ok=True)
+    return result, meta

@@ -1,0 +1,398 @@
+"""The one training loop. Every arm (:mod:`lopd.arms`) is a set of switches on it.
+
+One step:
+
+1. roll the student out on a batch of train tasks (``G`` rollouts per task for GRPO, one
+   otherwise; every arm consumes ``train.tasks_per_step`` rollouts per step, so equal steps
+   are equal rollout budgets);
+2. by objective —
+   * ``sft``: NLL of the student's own successful rollouts (reward = 1);
+   * ``grpo``: group-normalised advantages, token-level policy-gradient surrogate, no KL;
+   * ``kd``: retrieve experiences, condition the frozen teacher on them (latents ``c_φ`` from
+     the composer, or raw text for ``opsd_text``), and minimise the reverse KL
+     ``KL(π_S ‖ π_T)`` over the teacher's top-M support plus a tail bucket at every
+     student-generated token. For LOPD ``φ`` also minimises ``β·(m − Δ(φ))`` and the anchor
+     ``λ‖c_φ − c_φ0‖²``; after the step ``β ← max(0, β + η_β (m − Δ))``;
+3. log ``reward, kd_loss, delta_phi, beta, margin_sat_frac, anchor, tail_mass,
+   rollouts_used`` (and ``val_reward`` every ``val_every`` steps) to ``history`` and MLflow;
+4. checkpoint every ``checkpoint_every`` steps (resumable after a kill).
+
+Gradient routing: the teacher is the base model with adapters disabled (base weights are
+frozen), so θ (student LoRA) only receives the distillation gradient, and the margin and
+anchor terms — functions of the teacher's log-probs given ``c_φ`` and of ``c_φ`` itself —
+only reach φ. One backward pass over ``kd + β(m−Δ) + anchor`` therefore gives each
+parameter group exactly its objective's gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from lopd.training import objectives as obj
+from lopd.arms import ArmSpec
+from lopd.bank import ExperienceBank
+from lopd.envs.base import Task
+from lopd.errors import BadInput, RunFailed
+from lopd.evaluate import evaluate_policy
+from lopd.model.backbone import Backbone
+from lopd.model.composer import Composer
+from lopd.rollout import collate, rollout_batch
+from lopd.training.checkpoint import restore_trainer, save_trainer
+from lopd.training.context import ContextBuilder
+
+HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
+                   "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
+
+
+@dataclass
+class HParams:
+    """The hyper-parameters of one run: ``train`` params with the selected m, K, n_ret applied, plus
+    the generation limits of ``evaluate`` and ``model``."""
+
+    steps: int
+    tasks_per_step: int
+    group_size: int
+    lr_student: float
+    lr_composer: float
+    margin: float
+    K: int
+    n_ret: int
+    lambda_anchor: float
+    eta_beta: float
+    beta_init: float
+    top_m: int
+    support: str
+    temperature: float
+    val_every: int
+    val_tasks: int
+    checkpoint_every: int
+    beta_max: float
+    infeasible_patience: int
+    max_new_tokens: int
+    max_len: int
+
+    @classmethod
+    def from_params(cls, params, **over) -> "HParams":
+        """Every field named like a ``train`` key is taken from ``params.train``."""
+        from dataclasses import fields
+
+        tp = params.train
+        names = [f.name for f in fields(cls) if f.name not in ("max_new_tokens", "max_len")]
+        d = {n: getattr(tp, n) for n in names}
+        d.update(max_new_tokens=params.evaluate.max_new_tokens, max_len=params.model.max_seq_len)
+        if tp.rollout_budget is not None:
+            d["steps"] = max(1, tp.rollout_budget // tp.tasks_per_step)
+        d.update({k: v for k, v in over.items() if v is not None})
+        return cls(**d)
+
+
+@dataclass
+class Resources:
+    """What every run of a process shares: the backbone, the bank, the tasks, φ0."""
+
+    params: Any
+    bb: Backbone
+    bank: ExperienceBank | None
+    train_tasks: list[Task]
+    val_tasks: list[Task]
+    envs: dict
+    phi0: dict[str, torch.Tensor] | None
+    k_max: int
+    task_emb: dict[str, np.ndarray] = field(default_factory=dict)
+    student_init: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.student_init = self.bb.adapter_state("student")
+
+
+def stratified(tasks: list[Task], n: int) -> list[Task]:
+    """The first ``n`` tasks taken round-robin across domains (splits are domain-major, so a plain
+    prefix would validate on one domain only). Deterministic: same split, same subset."""
+    by_dom: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_dom.setdefault(t.domain, []).append(t)
+    out: list[Task] = []
+    queues = [list(v) for v in by_dom.values()]
+    while len(out) < min(n, len(tasks)):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+@dataclass
+class StepLoss:
+    """What an objective contributes to one step: the loss (None: nothing to learn from) and metrics."""
+
+    loss: torch.Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _sft(tr: "Trainer", batch: dict) -> StepLoss:
+    """NLL of the student's own successful rollouts (reward = 1)."""
+    w = (batch["rewards"] >= 1.0).float()
+    if w.sum() == 0:
+        return StepLoss(None)
+    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    return StepLoss(obj.sft_loss(obj.token_logprobs(logits, batch["targets"]), batch["mask"], weights=w))
+
+
+def _grpo(tr: "Trainer", batch: dict) -> StepLoss:
+    """Group-normalised advantages, token-level policy-gradient surrogate, no KL."""
+    adv = obj.grpo_advantages(batch["rewards"].view(-1, tr.hp.group_size)).view(-1)
+    if adv.abs().sum() == 0:
+        return StepLoss(None)
+    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    return StepLoss(obj.policy_gradient_loss(obj.token_logprobs(logits, batch["targets"]), adv, batch["mask"]))
+
+
+def _kd(tr: "Trainer", batch: dict) -> StepLoss:
+    """Reverse KL(π_S ‖ π_T) to the context-conditioned frozen teacher; for a trained φ also the
+    anchor λ‖c_φ − c_φ0‖² and (margin arms) the Lagrangian term β·(m − Δ(φ))."""
+    hp, bb, arm = tr.hp, tr.bb, tr.arm
+    ids, attn, targets, mask, rewards = batch["ids"], batch["attn"], batch["targets"], batch["mask"], batch["rewards"]
+    student_logits = bb.logits(ids, attn, "student")[:, :-1]
+    ctx = tr.context.build(batch["tasks"])
+    grad_to_phi = ctx.latent and arm.train_composer
+    with torch.set_grad_enabled(grad_to_phi):
+        teacher_logits = bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn, latent_prefix=ctx.latent)[:, :-1]
+    s_logp = torch.log_softmax(student_logits.float(), -1)
+    t_logp = torch.log_softmax(teacher_logits.float(), -1)
+    kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
+    s_tok = s_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    delta = obj.token_delta(t_tok, s_tok)
+    delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
+    # every margin arm measures satisfaction against the same m (lopd_nomargin logs it without using it)
+    m = {"kd_loss": float(kl.loss.detach()), "tail_mass": float(kl.tail_mass), "delta_weight": weight,
+         "delta_phi": float(delta_phi.detach()) if weight > 0 else float("nan"),
+         "margin_sat_frac": obj.margin_sat_frac(delta.detach(), mask, hp.margin)}
+    loss = kl.loss
+    if ctx.c_phi is not None:
+        anchor = obj.anchor_loss(ctx.c_phi, ctx.c_phi0, hp.lambda_anchor)
+        m["anchor"] = float(anchor.detach())
+        if arm.train_composer:
+            loss = loss + anchor
+            if arm.margin and weight > 0:
+                loss = loss + obj.margin_penalty(tr.beta, tr.margin, delta_phi)
+    return StepLoss(loss, m)
+
+
+OBJECTIVES: dict[str, Callable[["Trainer", dict], StepLoss]] = {"sft": _sft, "grpo": _grpo, "kd": _kd}
+
+
+class Trainer:
+    def __init__(self, res: Resources, arm: ArmSpec, hp: HParams, seed: int, *, tracker=None,
+                 ckpt_dir: Path | None = None, on_val: Callable[[int, float], None] | None = None,
+                 progress: Callable[[int, dict], None] | None = None, world=None):
+        self.res, self.arm, self.hp, self.seed = res, arm, hp, seed
+        self.bb = res.bb
+        self.tracker, self.ckpt_dir, self.on_val, self.progress = tracker, ckpt_dir, on_val, progress
+        self.world = world  # optional distributed helper (lopd.training.distributed)
+        self._check(res, arm, hp)
+        # fresh adapters for this run: the same initial student for every arm (pairing by seed needs it)
+        torch.manual_seed(seed)
+        self.bb.load_adapter_state("student", res.student_init)
+        self.composer: Composer | None = None
+        if arm.context in ("latent", "learned"):
+            self.composer = Composer(self.bb, res.k_max)
+            self.composer.load_state(res.phi0)
+            for p in self.composer.phi_params():
+                p.requires_grad_(arm.train_composer and arm.context == "latent")
+        self.context = ContextBuilder(res, arm, hp, seed, self.composer)
+        self.theta = self.bb.adapter_params("student")
+        self.opt_theta = torch.optim.AdamW(self.theta, lr=hp.lr_student, weight_decay=0.0)
+        self.phi: list = []
+        self.opt_phi = None
+        self.beta = hp.beta_init if arm.margin else 0.0
+        self.margin = hp.margin if arm.margin else 0.0
+        self.step = 0
+        self.rollouts_used = 0
+        self.history: list[dict] = []
+        sample_seed = world.rank_seed(seed) if world is not None else seed  # ranks roll out different tasks
+        # the task order depends on the seed only: every (non-grouped) arm sees the same tasks per step
+        self.py_rng = random.Random(sample_seed)
+        self.gen = torch.Generator().manual_seed(sample_seed)
+        self.infeasible_streak = 0
+        self.infeasible = False
+        self.last_val: float | None = None
+
+    @staticmethod
+    def _check(res: Resources, arm: ArmSpec, hp: HParams) -> None:
+        if arm.objective == "kd" and arm.context in ("latent", "text"):
+            if res.bank is None:
+                raise RunFailed(f"arm {arm.name} needs the experience bank")
+            if hp.n_ret > len(res.bank):
+                raise BadInput(f"n_ret={hp.n_ret} is larger than the experience bank ({len(res.bank)} experiences)")
+        if arm.context in ("latent", "learned") and res.phi0 is None:
+            raise RunFailed(f"arm {arm.name} needs the cold-started composer φ0")
+        if arm.grouped and hp.tasks_per_step % hp.group_size:
+            raise BadInput(f"train.tasks_per_step ({hp.tasks_per_step}) must be a multiple of train.group_size "
+                           f"({hp.group_size}) for GRPO")
+
+    def prepare(self, tasks: list[Task] | None = None) -> None:
+        """Compute ``c_φ0`` of the train tasks (the anchor), then φ's optimiser (the learned context
+        of ``lopd_nocontent`` exists only after that). :meth:`fit` calls it; benches call it alone."""
+        self.context.prime(self.res.train_tasks if tasks is None else tasks)
+        self.phi = self.context.phi_params()
+        self.opt_phi = torch.optim.AdamW(self.phi, lr=self.hp.lr_composer, weight_decay=0.0) if self.phi else None
+
+    def experiences_for(self, task: Task) -> list[list[int]]:
+        """Token ids of the experiences the teacher of ``task`` reads (the arm's bank mode)."""
+        return self.context.experiences_for(task)
+
+    # ------------------------------------------------------------------ one step
+    def sample_tasks(self) -> list[Task]:
+        hp = self.hp
+        if self.arm.grouped:
+            base = self.py_rng.sample(self.res.train_tasks, hp.tasks_per_step // hp.group_size)
+            return [t for t in base for _ in range(hp.group_size)]
+        return self.py_rng.sample(self.res.train_tasks, hp.tasks_per_step)
+
+    def _rollout_batch(self) -> dict:
+        hp, bb = self.hp, self.bb
+        tasks = self.sample_tasks()
+        bb.mode("student")
+        bb.model.eval()
+        rollouts = rollout_batch(bb.model, bb.fmt, self.res.envs, tasks, max_new_tokens=hp.max_new_tokens,
+                                 max_len=hp.max_len, greedy=False, temperature=hp.temperature, generator=self.gen)
+        bb.model.train()
+        self.rollouts_used += len(rollouts)
+        ids, attn, mask = collate(rollouts, bb.fmt.pad_id, bb.device)
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=bb.device)
+        return {"tasks": tasks, "ids": ids, "attn": attn, "mask": mask, "targets": ids[:, 1:], "rewards": rewards}
+
+    def train_step(self) -> dict:
+        t0 = time.time()
+        batch = self._rollout_batch()
+        m: dict[str, float] = {"reward": float(batch["rewards"].mean()), "n_supervised": float(batch["mask"].sum())}
+        out = OBJECTIVES[self.arm.objective](self, batch)
+        m.update(out.metrics)
+        m["loss"] = float(out.loss.detach()) if out.loss is not None else 0.0
+        self._apply(out.loss, m)
+        self._dual_update(m)
+        m["beta"] = self.beta
+        self._feasibility(m)
+        self.step += 1
+        m.update(step=self.step, rollouts_used=self.rollouts_used, seconds=time.time() - t0)
+        m.pop("delta_weight", None)
+        return m
+
+    def _apply(self, loss: torch.Tensor | None, m: dict) -> None:
+        """One optimiser step on θ (and φ), decided together across ranks."""
+        take_step = loss is not None
+        bad = loss is not None and not bool(torch.isfinite(loss.detach()))
+        if self.world is not None:  # every rank issues the same collectives
+            take_step, bad = self.world.any_true(take_step), self.world.any_true(bad)
+        if bad:
+            raise RunFailed(f"non-finite loss ({m['loss']}) at step {self.step + 1} of {self.arm.name} seed "
+                            f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
+        if not take_step:
+            return
+        self.opt_theta.zero_grad(set_to_none=True)
+        if self.opt_phi:
+            self.opt_phi.zero_grad(set_to_none=True)
+        if loss is not None:
+            loss.backward()
+        if self.world is not None:
+            self.world.all_reduce_grads(self.theta + self.phi)
+        torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
+        self.opt_theta.step()
+        if self.opt_phi:
+            torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
+            self.opt_phi.step()
+
+    def _dual_update(self, m: dict) -> None:
+        """Dual ascent on β for φ's constraint Δ(φ) ≥ m, after the primal step."""
+        if not (self.arm.margin and self.arm.train_composer):
+            return
+        d, w = m.get("delta_phi", float("nan")), m.get("delta_weight", 0.0)
+        if self.world is not None:  # Δ over every rank's rewarded tokens (all ranks call this)
+            d, w = self.world.weighted_mean(d, w)
+            m["delta_phi"] = d
+        if w > 0:
+            self.beta = obj.dual_update(self.beta, self.margin, d, self.hp.eta_beta)
+
+    def _feasibility(self, m: dict) -> None:
+        if not (self.arm.margin and self.arm.train_composer):
+            return
+        d = m.get("delta_phi")
+        below = d is not None and not math.isnan(d) and d < self.margin
+        self.infeasible_streak = self.infeasible_streak + 1 if below else 0
+        if self.beta > self.hp.beta_max or self.infeasible_streak >= self.hp.infeasible_patience:
+            if not self.infeasible and self.tracker is not None:
+                self.tracker.set_tag("infeasible_margin", "true")
+            self.infeasible = True
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, tasks: list[Task] | None = None) -> float:
+        tasks = tasks if tasks is not None else stratified(self.res.val_tasks, self.hp.val_tasks)
+        ev = self.res.params.evaluate
+        self.bb.mode("student")
+        res = evaluate_policy(self.bb.model, self.bb.fmt, self.res.envs, tasks, max_new_tokens=self.hp.max_new_tokens,
+                              max_len=self.hp.max_len, batch_size=ev.batch_size, greedy=ev.greedy,
+                              temperature=ev.temperature, seed=10_000 + self.seed)
+        self.bb.model.train()
+        return res["mean"] if tasks is not None and len(tasks) else float("nan")
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, extra: dict | None = None) -> None:
+        if self.ckpt_dir is None or (self.world is not None and not self.world.is_main):
+            return
+        save_trainer(self, self.ckpt_dir, extra)
+        if self.tracker is not None:
+            self.tracker.flush()  # what a kill would lose from MLflow is at most one checkpoint interval
+
+    def restore(self) -> dict | None:
+        if self.ckpt_dir is None or not (Path(self.ckpt_dir) / "meta.json").exists():
+            return None
+        state = restore_trainer(self, self.ckpt_dir)
+        if self.world is not None and not self.world.is_main:  # the checkpoint holds rank 0's RNG only
+            s = self.world.rank_seed(self.seed) + 7919 * self.step
+            self.py_rng.seed(s)
+            self.gen.manual_seed(s)
+        return state
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
+        hp = self.hp
+        self.prepare()
+        resumed = self.restore() if self.arm.trains else None
+        if self.arm.trains and self.step == 0:
+            self._record(self._val_row(0))
+        while self.arm.trains and self.step < hp.steps:
+            row = self.train_step()
+            if self.step % hp.val_every == 0 or self.step == hp.steps:
+                row["val_reward"] = self.validate()
+                self.last_val = row["val_reward"]
+                if self.on_val is not None:
+                    self.on_val(self.step, row["val_reward"])
+            self._record(row)
+            if self.progress is not None:
+                self.progress(self.step, row)
+            if self.step % hp.checkpoint_every == 0 or self.step == hp.steps:
+                self.save()
+        if self.tracker is not None:
+            self.tracker.flush()
+        return {"resumed_from_step": resumed["step"] if resumed else 0}
+
+    def _val_row(self, step: int) -> dict:
+        v = self.validate()
+        self.last_val = v
+        return {"step": step, "rollouts_used": self.rollouts_used, "beta": self.beta, "val_reward": v}
+
+    def _record(self, row: dict) -> None:
+        row = {k: row.get(k) for k in HISTORY_COLUMNS}
+        row["seconds"] = round(row["seconds"], 3) if row.get("seconds") is not None else None
+        self.history.append(row)
+        if self.tracker is not None:
+            self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("step", "seconds")}, row["step"])

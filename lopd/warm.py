@@ -1,0 +1,286 @@
+"""A warm worker: import torch, transformers, peft and MLflow once per ``dvc repro``, fork per stage.
+
+Why: every DVC stage is a new process, and importing the ML stack costs ~5.7 s of CPU; with ~150
+stages that was ~40% of a pipeline. Under ``dvc repro`` the ``lopd`` command is a thin client:
+
+* it finds its *owner* — the ``dvc`` process that ran it (the first ancestor that is not a shell);
+* it connects to the warm server of that owner (an abstract Unix socket named after the owner's
+  pid and the repository root), starting it if absent (the first stage pays the imports once);
+* it sends its argv, working directory and environment, and its stdin/stdout/stderr as file
+  descriptors; the server forks a child that runs the stage *exactly* as ``lopd`` would in-process
+  (same params, same code, the client's env and cwd) and returns its exit status.
+
+Guarantees kept:
+
+* The server never outlives ``dvc repro``: it exits as soon as its owner is gone (polled every
+  0.5 s) and is in the owner's process group, so killing that group kills it and every stage child.
+* A killed client kills its stage: the child watches the connection and exits when it closes.
+* Nothing the stage writes depends on the server (it forks before any torch computation, so
+  no OpenMP pool is inherited; each stage seeds and sets its thread count as in-process).
+* ``LOPD_WARM=0`` disables it; it is only used under DVC (``DVC_ROOT`` set) and never under
+  ``torchrun`` (``RANK`` set) or while recording reads.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+SHELLS = {"sh", "bash", "dash", "zsh", "fish", "ksh"}
+START_TIMEOUT_S = 180.0
+POLL_S = 0.5
+
+
+# --------------------------------------------------------------------------- owner and address
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def find_owner(pid: int | None = None) -> int:
+    """The first ancestor of ``pid`` (default: this process) that is not a shell: the dvc process."""
+    p = _ppid(pid or os.getpid())
+    while p > 1 and _comm(p) in SHELLS:
+        p = _ppid(p)
+    return p
+
+
+def address(owner: int, root: str) -> str:
+    key = hashlib.sha256(f"{os.getuid()}:{owner}:{os.path.realpath(root)}".encode()).hexdigest()[:16]
+    return f"\0lopd-warm-{key}"  # abstract namespace: nothing on disk to clean up after a kill
+
+
+def wanted(argv: list[str] | None) -> bool:
+    env = os.environ
+    return (argv is None and env.get("LOPD_WARM", "1") != "0" and "DVC_ROOT" in env and "RANK" not in env
+            and "LOPD_RECORD_DIR" not in env and sys.platform.startswith("linux"))
+
+
+# --------------------------------------------------------------------------- wire format
+def _send_msg(sock: socket.socket, obj, fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int] | None = None) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        if fds is not None and not buf:
+            chunk, anc, _, _ = sock.recvmsg(n, socket.CMSG_SPACE(3 * array.array("i").itemsize))
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(data[: len(data) - len(data) % a.itemsize])
+                    fds.extend(a)
+        else:
+            chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return buf
+
+
+def _recv_msg(sock: socket.socket, fds: list[int] | None = None):
+    head = _recv_exact(sock, 4, fds)
+    (n,) = struct.unpack("!I", head)
+    return json.loads(_recv_exact(sock, n))
+
+
+# --------------------------------------------------------------------------- client
+def _connect(addr: str) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(addr)
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def _start_server(owner: int, root: str) -> None:
+    """Start the server in this process group (a group kill takes it down too), detached from our stdio."""
+    subprocess.Popen([sys.executable, "-m", "lopd.warm", str(owner), root], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+def run_client(argv: list[str]) -> int:
+    """Run ``lopd argv`` in a fork of the warm server; returns the stage's exit status."""
+    owner, root = find_owner(), os.environ["DVC_ROOT"]
+    addr = address(owner, root)
+    sock = _connect(addr)
+    if sock is None:
+        _start_server(owner, root)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while sock is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            sock = _connect(addr)
+        if sock is None:
+            print("lopd: the warm worker did not start; running in this process (LOPD_WARM=0 skips it)",
+                  file=sys.stderr)
+            return -1
+    with sock:
+        _send_msg(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)},
+                  [sys.stdin.fileno() if not sys.stdin.closed else os.open(os.devnull, os.O_RDONLY),
+                   sys.stdout.fileno(), sys.stderr.fileno()])
+        try:
+            reply = _recv_msg(sock)
+        except (ConnectionError, OSError):
+            print("lopd: the stage process died without an exit status (killed?)", file=sys.stderr)
+            return 1
+    return int(reply["rc"])
+
+
+# --------------------------------------------------------------------------- server
+def _preload() -> None:
+    """Import what stages import, without running any torch computation (fork-safe)."""
+    import lopd.cli  # noqa: F401
+    from lopd.pipeline import STAGES
+
+    for name in STAGES:
+        __import__(f"lopd.pipeline.{name}")
+    for mod in ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
+                "matplotlib", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
+                "lopd.evaluate", "lopd.training.run", "lopd.search.hpo", "lopd.cold_start", "lopd.base_policy",
+                "lopd.tracking"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass  # an optional library: the stage that needs it imports it (and fails clearly) itself
+    try:  # the model class itself is lazily imported by transformers
+        from transformers import Qwen3ForCausalLM  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _open_tracking(root: str) -> None:
+    """Open the MLflow store and find the experiment's parent run once (fork-safe: lopd.tracking
+    drains MLflow's writer threads and closes pooled connections before every fork). Any failure
+    is left to the stages' own trackers, which report it under ``tracking.on_failure``."""
+    try:
+        from pathlib import Path
+
+        from lopd.config import load_params
+        from lopd.tracking import preload
+
+        preload(load_params(Path(root) / "params.yaml"))
+    except Exception:  # noqa: BLE001 - each stage reports its own tracking failure
+        pass
+
+
+def _write_preload_timing(root: str, owner: int, t0: float, cpu: float) -> None:
+    """Side file for ``bench/pipeline.sh``: the warm worker's one-time import cost."""
+    from pathlib import Path
+
+    from lopd.utils import write_json
+
+    write_json(Path(root) / ".lopd" / "timing" / f"warm-worker-{owner}.json",
+               {"stage": "warm-worker", "kind": "warm-worker", "t_process": t0, "t_work": time.time(),
+                "t_end": time.time(), "cpu_startup": cpu, "cpu_work": 0.0})
+
+
+def _watch_connection(conn: socket.socket) -> None:
+    """In the stage child: exit at once when the client goes away (it was killed)."""
+    try:
+        while conn.recv(1):
+            pass
+    except OSError:
+        pass
+    os._exit(137)
+
+
+def _child(conn: socket.socket) -> None:
+    fds: list[int] = []
+    try:
+        req = _recv_msg(conn, fds)
+    except (ConnectionError, OSError, ValueError):
+        os._exit(1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # stages wait on their own subprocesses (sandbox)
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"], LOPD_IN_WARM="1")
+    sys.argv = ["lopd", *req["argv"]]
+    threading.Thread(target=_watch_connection, args=(conn,), daemon=True).start()
+    rc = 1
+    try:
+        from lopd.cli import run_in_process
+
+        rc = run_in_process(req["argv"])
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report like an uncaught exception in a fresh process
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    try:
+        _send_msg(conn, {"rc": rc})
+    except OSError:
+        pass
+    os._exit(rc)
+
+
+def serve(owner: int, root: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(address(owner, root))
+    except OSError:
+        return  # another server for this owner is already up
+    t0, cpu0 = time.time(), time.process_time()
+    _preload()
+    _open_tracking(root)
+    _write_preload_timing(root, owner, t0, time.process_time() - cpu0)
+    sock.listen(16)
+    sock.settimeout(POLL_S)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
+    while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            return  # dvc is gone: so are we
+        except PermissionError:
+            pass
+        try:
+            conn, _ = sock.accept()
+        except socket.timeout:
+            continue
+        if os.fork() == 0:
+            sock.close()
+            _child(conn)
+        conn.close()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,98 @@
+"""Declared = read: every stage declares in dvc.yaml exactly the params keys and the ``lopd`` code it
+reads. The shared smoke pipeline (``smoke_recorded``) runs every stage with ``LOPD_RECORD_DIR`` set,
+so each stage writes the params keys it read and the ``lopd`` modules it imported; this test
+compares them with ``dvc.yaml`` and names the stage and key on any difference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import REPO
+
+# Read but not declared on purpose, because no output depends on them: where MLflow records runs.
+UNDECLARED_OK = ("tracking.",)
+
+
+def _expand_params(declared: list, all_keys: dict[str, list[str]]) -> set[str]:
+    out: set[str] = set()
+    for d in declared:
+        d = str(d)
+        out |= {f"{d}.{k}" for k in all_keys[d]} if d in all_keys else {d}
+    return out
+
+
+def _code_deps(deps: list) -> list[str]:
+    return [str(d).rstrip("/") for d in deps if str(d).startswith("lopd")]
+
+
+def _covered(module: str, deps: list[str]) -> bool:
+    return any(module == d or module.startswith(d + "/") for d in deps)
+
+
+def merged_by_stage(records: list[dict]) -> list[dict]:
+    """One record per dvc.yaml stage: a matrix stage (``train@lopd-0``, ``train@base-0``, …) has one
+    declaration, so what its items read together is what it must declare."""
+    out: dict[str, dict] = {}
+    for r in records:
+        name = r["stage"].split("@")[0]
+        m = out.setdefault(name, {"stage": name, "params": set(), "modules": set()})
+        m["params"] |= set(r["params"])
+        m["modules"] |= set(r["modules"])
+    return [{**m, "params": sorted(m["params"]), "modules": sorted(m["modules"])} for m in out.values()]
+
+
+def stage_declarations(dvc: dict, name: str) -> dict:
+    base = name.split("@")[0]
+    st = dvc["stages"][base]
+    return {"params": st.get("params") or [], "deps": st.get("deps") or []}
+
+
+def compare(record: dict, decl: dict, all_keys: dict[str, list[str]]) -> list[str]:
+    """Differences between what a stage read (record) and what dvc.yaml declares (decl)."""
+    stage = record["stage"]
+    declared = _expand_params(decl["params"], all_keys)
+    read = {k for k in record["params"] if not k.startswith(UNDECLARED_OK)}
+    problems = [f"{stage}: params key {k} is read but not declared" for k in sorted(read - declared)]
+    problems += [f"{stage}: params key {k} is declared but not read" for k in sorted(declared - read)]
+    code = _code_deps(decl["deps"])
+    mods = record["modules"]
+    problems += [f"{stage}: module {m} is imported but not declared" for m in mods if not _covered(m, code)]
+    problems += [f"{stage}: code dep {d} is declared but nothing in it is imported" for d in code
+                 if not any(_covered(m, [d]) for m in mods)]
+    return problems
+
+
+def _all_keys() -> dict[str, list[str]]:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    return {sec: list(v) for sec, v in raw.items() if isinstance(v, dict)}
+
+
+def test_every_stage_declares_exactly_what_it_reads(smoke_recorded):
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    records = sorted((smoke_recorded.records).glob("*.json"))
+    stages = {json.loads(p.read_text())["stage"] for p in records}
+    assert {"prepare", "base", "bank", "cold_start", "probe", "hpo", "sensitivity", "report"} <= stages
+    assert any(s.startswith("train@") for s in stages) and any(s.startswith("evaluate@") for s in stages)
+    problems = []
+    for rec in merged_by_stage([json.loads(p.read_text()) for p in records]):
+        problems += compare(rec, stage_declarations(dvc, rec["stage"]), _all_keys())
+    assert not problems, "dvc.yaml declarations differ from what the stages read:\n" + "\n".join(problems)
+
+
+def test_the_comparison_catches_a_removed_declaration():
+    """The check can fail: drop a declared key or code dep and it is named."""
+    keys = {"model": ["lora_r", "hidden_size"], "train": ["steps"]}
+    rec = {"stage": "train@lopd-0", "params": ["model.lora_r", "model.hidden_size", "train.steps", "tracking.uri"],
+           "modules": ["lopd/training/trainer.py", "lopd/cli.py"]}
+    ok = {"params": ["model", "train.steps"], "deps": ["lopd/training/trainer.py", "lopd/cli.py"]}
+    assert compare(rec, ok, keys) == []
+    missing_key = {"params": ["model.hidden_size", "train.steps"], "deps": ok["deps"]}
+    assert compare(rec, missing_key, keys) == ["train@lopd-0: params key model.lora_r is read but not declared"]
+    extra_key = {"params": ["model", "train.steps", "train.K"], "deps": ok["deps"]}
+    assert compare(rec, extra_key, {**keys, "train": ["steps", "K"]}) == [
+        "train@lopd-0: params key train.K is declared but not read"]
+    missing_code = {"params": ok["params"], "deps": ["lopd/cli.py"]}
+    assert compare(rec, missing_code, keys) == ["train@lopd-0: module lopd/training/trainer.py is imported but not declared"]

@@ -1,0 +1,419 @@
+"""Kill anywhere, rerun, same bytes (issue 16): on the smoke profile, SIGKILL the whole process
+group of the guarded ``dvc repro`` (``python -m lopd.lockguard``) inside prepare, base, bank,
+cold_start, hpo, a train, an evaluate and the report, and while DVC rewrites ``dvc.lock`` after
+a stage; rerun after each kill, then until done, and compare with one uninterrupted run:
+every deterministic output byte-identical, ``dvc status`` clean, no MLflow run left RUNNING, no
+stale lock, no half-written file, no process left behind.
+
+``pytest -m slow -s tests/test_kill_anywhere.py`` prints the kill log, the times and the files compared.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import copy_repo
+
+BIN = Path(sys.executable).parent
+GUARDED = [sys.executable, "-m", "lopd.lockguard"]  # `lopd repro` once the CLI wires it
+# Outputs that differ between any two uninterrupted runs (issue 12 makes every output deterministic;
+# then this empties): a whole file (None) or the JSON keys that differ. Compared without them.
+KNOWN_NONDETERMINISTIC: dict[str, list[str] | None] = {
+    "runs/*/meta.json": None,        # MLflow run id and wall-clock seconds of a training run (by design)
+    "hpo/journal.log": None,         # Optuna journal: trial timestamps and worker ids
+    "results/base/result.json": ["mlflow_run_id", "seconds"],
+    "models/cold_start/result.json": ["mlflow_run_id"],
+    "hpo/result.json": ["mlflow_run_id"],
+}
+# Bug found by this test, outside this test's files (lopd/hpo.py, see test_search_resumes_...):
+# a search restarted after a kill re-seeds its sampler, so the trials after the kill differ.
+SEARCH_RESTART_OUTPUTS = {"hpo/trials.csv", "hpo/result.json", "reports/figures/sensitivity.png"}
+
+
+def _env() -> dict:
+    return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+            "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1", "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+
+
+class Run:
+    """A command in its own process group; its merged stdout/stderr lines, timestamped, on a thread."""
+
+    def __init__(self, cmd: list[str], cwd: Path):
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, bufsize=1, start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def text(self) -> str:
+        return "\n".join(ln for _, ln in self.lines)
+
+    def started(self, prefix: str) -> tuple[int, str] | None:
+        """Index and name of the first stage whose name starts with ``prefix`` that started running."""
+        for i, (_, ln) in enumerate(self.lines):
+            if ln.startswith(f"Running stage '{prefix}"):
+                return i, ln.split("'")[1]
+        return None
+
+    def after(self, i: int, text: str) -> bool:
+        return any(text in ln for _, ln in self.lines[i + 1:])
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.finish()
+
+    def finish(self, timeout: float | None = None) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return rc
+
+
+def _setup(root: Path) -> Path:
+    repo = copy_repo(root / "repo")
+    for cmd in (["git", "init", "-q"], [str(BIN / "lopd"), "apply-profile", "profiles/smoke.yaml"]):
+        r = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    return repo
+
+
+def _stage_times(run: Run) -> dict[str, float]:
+    """Seconds from each ``Running stage`` line to the ``Updating lock file`` line that ends it."""
+    out, cur = {}, None
+    for t, ln in run.lines:
+        if ln.startswith("Running stage '"):
+            cur = (ln.split("'")[1], t)
+        elif ln.startswith("Updating lock file") and cur:
+            out[cur[0]] = t - cur[1]
+            cur = None
+    return out
+
+
+@dataclass
+class Reference:
+    repo: Path
+    seconds: float
+    stage_seconds: dict[str, float]
+    stages: list[str]
+
+
+@pytest.fixture(scope="session")
+def smoke_reference(tmp_path_factory) -> Reference:
+    """One uninterrupted ``dvc repro`` of the smoke profile in a scratch copy of the repository."""
+    repo = _setup(tmp_path_factory.mktemp("smoke_reference"))
+    t0 = time.monotonic()
+    run = Run([str(BIN / "dvc"), "repro"], repo)
+    rc = run.finish(timeout=3600)
+    assert rc == 0, run.text()[-5000:]
+    secs = time.monotonic() - t0
+    print(f"\nsmoke reference dvc repro: {secs:.0f} s")
+    ran = [ln.split("'")[1] for _, ln in run.lines if ln.startswith("Running stage '")]
+    return Reference(repo, secs, _stage_times(run), ran)
+
+
+# ---------------------------------------------------------------- the kill chain
+
+
+def _journal_trials(repo: Path, n: int):
+    """True once the search's journal holds ``n`` created trials (so trial ``n-1`` is running)."""
+    def cond() -> bool:
+        j = repo / "hpo/journal.log"
+        return j.exists() and j.read_text(errors="replace").count('"op_code":4,') >= n
+    return cond
+
+
+@dataclass
+class Point:
+    stage: str      # a stage name or a prefix ("train@lopd": the first such stage that runs)
+    mode: str       # "mid": inside the stage's command; "lock": while DVC rewrites dvc.lock after it
+    at: float = 0.4  # mid: fraction of the stage's reference duration; lock: seconds after the write starts
+    until: str | None = None  # mid: kill when this happens instead: "trial:<n>" or a file ("{item}": matrix item)
+
+    def condition(self, repo: Path, item: str):
+        if self.until is None:
+            return None
+        if self.until.startswith("trial:"):
+            return _journal_trials(repo, int(self.until[6:]))
+        path = repo / self.until.format(item=item)
+        return path.exists
+
+
+# Dense enough to hit DVC's rewrite of dvc.lock: every "lock" point kills it mid-write (the
+# guard must restore it); "mid" points kill inside the stage's own command.
+POINTS = [Point("prepare", "mid", 0.5), Point("prepare", "lock", 0.0), Point("base", "mid", 0.3),
+          Point("bank", "mid"), Point("bank", "lock", 0.05), Point("cold_start", "mid"),
+          Point("hpo", "mid", until="trial:2"), Point("hpo", "lock", 0.2),
+          Point("train@lopd", "mid", until="checkpoints/{item}/meta.json"), Point("train@lopd", "lock", 0.0),
+          Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.1), Point("report", "mid", 0.5),
+          Point("report", "lock", 0.0)]
+
+
+@dataclass
+class Kill:
+    point: Point
+    stage: str = "?"
+    inside: str = "?"   # what was running when the process group died
+    lock_after: str = ""  # the problem the next guard finds in dvc.lock, or "complete"
+    pgid: int = 0
+    guard_said: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _wait(cond, timeout: float, poll: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(poll)
+    return cond()
+
+
+def _kill_mid(run: Run, i: int, delay: float, cond) -> str:
+    ended = lambda: run.after(i, "Updating lock file") or run.after(i, "Running stage") or run.proc.poll() is not None  # noqa: E731
+    _wait((lambda: ended() or cond()) if cond else ended, 3600 if cond else delay, poll=0.01)
+    inside = "after the command (hashing/committing outputs)" if ended() else "the stage's command"
+    run.kill()
+    return inside
+
+
+def _kill_lock(run: Run, i: int, lock: Path, delay: float, timeout: float) -> str:
+    assert _wait(lambda: run.after(i, "Updating lock file") or run.proc.poll() is not None, timeout), "stage hung"
+    before = lock.stat()
+    key = lambda s: (s.st_mtime_ns, s.st_size, s.st_ino)  # noqa: E731
+    _wait(lambda: key(lock.stat()) != key(before) or run.proc.poll() is not None, 30, poll=0.0005)
+    time.sleep(delay)
+    run.kill()
+    return "DVC's rewrite of dvc.lock"
+
+
+def _kill_at(repo: Path, point: Point, ref: Reference) -> Kill:
+    k, t0 = Kill(point), time.monotonic()
+    run = Run(GUARDED, repo)
+    assert _wait(lambda: run.started(point.stage) or run.proc.poll() is not None, 1800, poll=0.02), "no start"
+    assert run.proc.poll() is None, f"the repro ended before {point.stage} started:\n{run.text()[-3000:]}"
+    i, k.stage = run.started(point.stage)
+    if point.mode == "mid":
+        cond = point.condition(repo, k.stage.partition("@")[2])
+        k.inside = _kill_mid(run, i, point.at * ref.stage_seconds[k.stage], cond)
+    else:
+        k.inside = _kill_lock(run, i, repo / "dvc.lock", point.at, 4 * ref.stage_seconds[k.stage] + 120)
+    from lopd.lockguard import inspect_lock
+
+    k.pgid = run.proc.pid
+    k.lock_after = inspect_lock(repo).problem or "complete"
+    k.guard_said = [ln for _, ln in run.lines if ln.startswith("lopd repro:")]
+    k.seconds = time.monotonic() - t0
+    return k
+
+
+def _finish(repo: Path) -> Run:
+    """One guarded repro after the kills: it must run to the end (no lock may block it)."""
+    run = Run(GUARDED, repo)
+    assert run.finish(timeout=3600) == 0, f"the rerun after the kills failed:\n{run.text()[-5000:]}"
+    return run
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def _out_files(repo: Path, stages: list[str]) -> dict[str, list[str]]:
+    """Every file of every output of ``stages``, by stage (from the reference's dvc.lock)."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    files: dict[str, list[str]] = {}
+    for st in stages:
+        for out in lock[st].get("outs", []):
+            p = repo / out["path"]
+            found = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+            files.setdefault(st, []).extend(str(f.relative_to(repo)) for f in found)
+    return files
+
+
+def _rule(rel: str):
+    return next((keys for pat, keys in KNOWN_NONDETERMINISTIC.items() if fnmatch.fnmatch(rel, pat)), False)
+
+
+def _same(rel: str, a: bytes, b: bytes) -> str:
+    """"same" (byte-identical), "known" (differs only where runs always differ), or "differs"."""
+    if a == b:
+        return "same"
+    keys = _rule(rel)
+    if keys is None:
+        return "known"
+    if keys:
+        import json
+
+        strip = lambda raw: {k: v for k, v in json.loads(raw).items() if k not in keys}  # noqa: E731
+        return "known" if strip(a) == strip(b) else "differs"
+    return "differs"
+
+
+def compare_outputs(ref: Path, got: Path, stages: list[str]) -> dict[str, str]:
+    """Every output file of ``stages`` (per the reference's dvc.lock): same / known / differs /
+    missing / extra."""
+    want = {f for fs in _out_files(ref, stages).values() for f in fs}
+    have = {f for fs in _out_files(got, stages).values() for f in fs}
+    out = {rel: _same(rel, (ref / rel).read_bytes(), (got / rel).read_bytes()) if rel in have else "missing"
+           for rel in sorted(want)}
+    out.update({rel: "extra" for rel in sorted(have - want)})
+    return out
+
+
+def lock_outs_differ(ref: Path, got: Path, stages: list[str]) -> list[str]:
+    """Stages whose dvc.lock output hashes differ between the two runs."""
+    a, b = (yaml.safe_load((r / "dvc.lock").read_text())["stages"] for r in (ref, got))
+    outs = lambda e: [(o["path"], o.get("md5")) for o in e.get("outs", [])]  # noqa: E731
+    return [st for st in stages if outs(a[st]) != outs(b[st])]
+
+
+def running_mlflow_runs(repo: Path) -> list[tuple]:
+    db = repo / "mlflow.db"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT run_uuid, name, status FROM runs WHERE status = 'RUNNING'").fetchall()
+
+
+def leftovers(repo: Path) -> list[str]:
+    """Stale locks, half-written files and checkpoints left in the workspace."""
+    import json
+
+    found = []
+    rw = repo / ".dvc/tmp/rwlock"
+    if rw.exists() and any(json.loads(rw.read_text() or "{}").get(m) for m in ("read", "write")):
+        found.append(f".dvc/tmp/rwlock holds {rw.read_text()}")
+    pats = ("*.lock", "*.tmp", ".*.tmp", "*.tmp/*", "*-journal")
+    for f in repo.rglob("*"):
+        rel = str(f.relative_to(repo))
+        if rel.startswith((".git/", ".dvc/", ".venv/")) or rel == "dvc.lock":
+            continue
+        if any(fnmatch.fnmatch(f.name, p) or fnmatch.fnmatch(rel, p) for p in pats):
+            found.append(rel)
+    ck = repo / "checkpoints"
+    found += [str(p.relative_to(repo)) for p in ck.iterdir()] if ck.exists() else []
+    return found
+
+
+def survivors(repo: Path, pgid: int) -> list[str]:
+    """Live processes of the killed group, or working inside ``repo`` (none may outlive a kill)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit():
+                continue
+            stat = (p / "stat").read_text()
+            state, _, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+            if state != "Z" and (int(pgrp) == pgid or os.readlink(p / "cwd").startswith(str(repo))):
+                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{p.name}: {cmd[:200]}")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ---------------------------------------------------------------- the test
+
+
+def _report(ref: Reference, chain: "Chain") -> None:
+    print(f"\nreference smoke dvc repro: {ref.seconds:.0f} s; stage seconds: "
+          + ", ".join(f"{s} {t:.0f}" for s, t in ref.stage_seconds.items()))
+    for n, k in enumerate(chain.kills, 1):
+        print(f"kill {n:2d}: {k.point.mode:4s} {k.stage:22s} inside {k.inside}; dvc.lock after: {k.lock_after}; "
+              f"{k.seconds:.0f} s" + "".join(f"\n          {s}" for s in k.guard_said))
+    print(f"kill chain (14 kills + reruns to done): {chain.seconds:.0f} s = {chain.seconds / ref.seconds:.2f} x the reference")
+    for cat in ("same", "known", "differs", "missing", "extra"):
+        files = [f for f, c in chain.files.items() if c == cat]
+        print(f"{cat} ({len(files)}): " + " ".join(files))
+
+
+@dataclass
+class Chain:
+    repo: Path
+    kills: list[Kill]
+    final: Run
+    seconds: float
+    files: dict[str, str]  # output file -> same / known / differs / missing / extra
+
+
+@pytest.fixture(scope="module")
+def kill_chain(smoke_reference, tmp_path_factory) -> Chain:
+    """Kill the guarded repro at every point of ``POINTS`` in turn, then rerun it until done."""
+    ref = smoke_reference
+    repo = _setup(tmp_path_factory.mktemp("kill_chain"))
+    t0, kills = time.monotonic(), []
+    for point in POINTS:
+        kills.append(k := _kill_at(repo, point, ref))
+        print(f"killed {k.stage} ({point.mode}) inside {k.inside}: dvc.lock {k.lock_after}", flush=True)
+        assert _wait(lambda: not survivors(repo, k.pgid), 10), f"survived the kill: {survivors(repo, k.pgid)}"
+    final = _finish(repo)
+    chain = Chain(repo, kills, final, time.monotonic() - t0, compare_outputs(ref.repo, repo, ref.stages))
+    _report(ref, chain)
+    return chain
+
+
+def _said(run: Run) -> list[str]:
+    return [ln for _, ln in run.lines if ln.startswith("lopd repro:")]
+
+
+@pytest.mark.slow
+def test_every_kill_point_was_hit_and_every_torn_lock_restored(kill_chain):
+    kills = kill_chain.kills
+    for name in ("prepare", "base", "bank", "cold_start", "hpo", "train@lopd", "evaluate@", "report"):
+        assert any(k.point.stage == name and k.inside == "the stage's command" for k in kills), f"no kill inside {name}"
+    torn = [k for k in kills if k.lock_after != "complete"]
+    assert len(torn) >= 3, "the lock-write points missed DVC's rewrite of dvc.lock"
+    # what each kill left in dvc.lock is what the next guarded repro found and said
+    for k, said in zip(kills, [k.guard_said for k in kills[1:]] + [_said(kill_chain.final)]):
+        restored = any("restored the last complete lock" in s for s in said)
+        assert restored == (k.lock_after != "complete"), (k, said)
+
+
+@pytest.mark.slow
+def test_the_rerun_after_kills_gives_the_same_bytes(kill_chain, smoke_reference):
+    files = kill_chain.files
+    bad = {f: c for f, c in files.items() if c != "same" and not (c == "known" or f in SEARCH_RESTART_OUTPUTS)}
+    assert not bad, f"outputs that differ from the uninterrupted run: {bad}"
+    # a stage whose output files are all byte-identical has the same hashes in dvc.lock
+    by_stage = _out_files(kill_chain.repo, smoke_reference.stages)
+    differ = [s for s in lock_outs_differ(smoke_reference.repo, kill_chain.repo, smoke_reference.stages)
+              if all(files.get(f) == "same" for f in by_stage.get(s, []))]
+    assert not differ, f"dvc.lock output hashes differ for {differ}"
+    assert sum(c == "same" for c in files.values()) > 60
+
+
+@pytest.mark.slow
+def test_the_rerun_after_kills_is_complete_and_leaves_nothing_behind(kill_chain):
+    repo = kill_chain.repo
+    st = subprocess.run([str(BIN / "dvc"), "status"], cwd=repo, env=_env(), capture_output=True, text=True)
+    assert st.returncode == 0 and "up to date" in st.stdout, st.stdout + st.stderr
+    assert not leftovers(repo), f"left in the workspace: {leftovers(repo)}"
+    again = _finish(repo)
+    assert "Running stage" not in again.text() and not _said(again), again.text()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="bug outside this test: base, cold_start and hpo (and its trial runs) never "
+                   "mark the MLflow run of a killed process KILLED; only train does (lopd/training/run.py run_arm)")
+def test_no_mlflow_run_is_left_running(kill_chain):
+    assert not running_mlflow_runs(kill_chain.repo), running_mlflow_runs(kill_chain.repo)
+
+
+@pytest.mark.slow
+def test_a_search_killed_inside_a_trial_resumes_with_the_same_trials(kill_chain):
+    assert all(kill_chain.files[f] in ("same", "known") for f in SEARCH_RESTART_OUTPUTS), \
+        {f: kill_chain.files[f] for f in SEARCH_RESTART_OUTPUTS}
