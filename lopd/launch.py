@@ -140,6 +140,44 @@ class _Driver:
             ray.cancel(ref)
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
+
+
+def _live_local_groups(events_file: Path) -> list[int]:
+    """Process groups of this host's jobs that started a command and have not ended."""
+    import socket
+
+    if not events_file.exists():
+        return []
+    started, ended = {}, set()
+    for line in events_file.read_text().splitlines():
+        e = json.loads(line)
+        key = (e.get("stage"), e.get("attempt"))
+        if e["event"] == "running" and e.get("host") == socket.gethostname():
+            started[key] = e["pid"]
+        elif e["event"] == "end":
+            ended.add(key)
+    alive = []
+    for key, pgid in started.items():
+        if key in ended:  # its group is gone; the id may belong to another process by now
+            continue
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pgid)
+    return alive
+
+
+def stop_local_groups(events_file: Path, wait_s: float) -> None:
+    """Return only once every job command this host started is gone: a cancelled job's guard stops
+    its group within its grace period; one still alive after ``wait_s`` is SIGKILLed."""
+    deadline = time.monotonic() + wait_s
+    while (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:

@@ -37,6 +37,7 @@ import hashlib
 import logging
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,8 @@ _COMMIT: dict[str, str] = {}  # cwd -> commit (cleared in a forked child)
 _EXPERIMENT_IDS: dict[tuple[str, str], str] = {}  # (uri, experiment name) -> id
 _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment name, key) -> parent run id
 _USED_URIS: set[str] = set()  # stores this process opened (quiesced before a fork)
+HOST_TAG, PID_TAG = "lopd.host", "lopd.pid"
+_SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
 
 
 def git_commit() -> str:
@@ -265,8 +268,9 @@ class Tracker:
             self.client = _client(self.tp.uri)
             exp_id = _experiment_id(self.client, self.tp.uri, self.tp.experiment)
             parent = parent_run_id or experiment_parent_id(params, self.client)
+            sweep_dead_runs(self.client, self.tp.uri, exp_id)
             all_tags = {"git_commit": git_commit(), **{k: str(v) for k, v in tags.items()},
-                        "mlflow.parentRunId": parent}
+                        "mlflow.parentRunId": parent, HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
             self.run_id = _retry(self.client.create_run, exp_id, run_name=run_name, tags=all_tags).info.run_id
         except Exception as e:  # noqa: BLE001 - any tracking failure is reported, never hidden
             self._fail(e)
@@ -381,6 +385,8 @@ def log_report_artifacts(params, paths) -> str:
     try:
         client = _client(tp.uri)
         parent = experiment_parent_id(params, client)
+        # the last stage: no run of a killed earlier attempt may stay RUNNING under a finished parent
+        sweep_dead_runs(client, tp.uri, _experiment_id(client, tp.uri, tp.experiment))
         for p in map(Path, paths):
             where = str(p.parent) if not p.is_absolute() and str(p.parent) != "." else None
             _retry(client.log_artifact, parent, str(p), where)
@@ -390,6 +396,36 @@ def log_report_artifacts(params, paths) -> str:
         _handle_failure(tp, msg, first=True)
         return f"failed: {msg}"
     return "ok"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
+    """Mark KILLED every RUNNING run of experiment ``exp_id`` that this host started from a process
+    that no longer exists (a stage killed before it could end its run); once per process and store.
+    Runs of other hosts are left alone (their liveness cannot be judged from here), and so are runs
+    of live processes (a concurrent stage). Returns the run ids it marked."""
+    if (os.getpid(), uri, exp_id) in _SWEPT:
+        return []
+    _SWEPT.add((os.getpid(), uri, exp_id))
+    host = socket.gethostname()
+    found = _retry(client.search_runs, [exp_id], filter_string=(
+        f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"), max_results=1000)
+    marked = []
+    for run in found:
+        pid = run.data.tags.get(PID_TAG, "")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _end_run(uri, run.info.run_id, "KILLED")
+            marked.append(run.info.run_id)
+    return marked
 
 
 def mark_stale_run(tp, run_id: str) -> bool:
