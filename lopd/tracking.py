@@ -372,10 +372,11 @@ class Tracker:
                 self._fail(e)
 
 
-def log_report_artifacts(params, paths) -> str:
+def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
     """Attach the report files to the experiment parent and mark it FINISHED (the report is the last stage).
 
-    A relative path keeps its directory inside the run's artifacts (``reports/figures/x.png``).
+    A path keeps its directory inside the run's artifacts (``reports/figures/x.png``): relative to
+    ``root`` if given, else as written (an absolute path without ``root`` lands at the top).
     Returns ``"ok"`` or ``"failed: <cause>"`` (``tracking.on_failure: fail`` raises ``BadInput``).
     """
     tp = params.tracking
@@ -388,7 +389,8 @@ def log_report_artifacts(params, paths) -> str:
         # the last stage: no run of a killed earlier attempt may stay RUNNING under a finished parent
         sweep_dead_runs(client, tp.uri, _experiment_id(client, tp.uri, tp.experiment))
         for p in map(Path, paths):
-            where = str(p.parent) if not p.is_absolute() and str(p.parent) != "." else None
+            rel = p.relative_to(root) if root is not None else p
+            where = str(rel.parent) if not rel.is_absolute() and str(rel.parent) != "." else None
             _retry(client.log_artifact, parent, str(p), where)
         _end_run(tp.uri, parent, "FINISHED")
     except Exception as e:  # noqa: BLE001 - reported, never hidden

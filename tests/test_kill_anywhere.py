@@ -88,18 +88,6 @@ def _setup(root: Path) -> Path:
     return repo
 
 
-def _stage_times(run: Run) -> dict[str, float]:
-    """Seconds from each ``Running stage`` line to the ``Updating lock file`` line that ends it."""
-    out, cur = {}, None
-    for t, ln in run.lines:
-        if ln.startswith("Running stage '"):
-            cur = (ln.split("'")[1], t)
-        elif ln.startswith("Updating lock file") and cur:
-            out[cur[0]] = t - cur[1]
-            cur = None
-    return out
-
-
 @dataclass
 class Reference:
     repo: Path
@@ -109,17 +97,17 @@ class Reference:
 
 
 @pytest.fixture(scope="session")
-def smoke_reference(tmp_path_factory) -> Reference:
-    """One uninterrupted ``dvc repro`` of the smoke profile in a scratch copy of the repository."""
-    repo = _setup(tmp_path_factory.mktemp("smoke_reference"))
-    t0 = time.monotonic()
-    run = Run([str(BIN / "dvc"), "repro"], repo)
-    rc = run.finish(timeout=3600)
-    assert rc == 0, run.text()[-5000:]
-    secs = time.monotonic() - t0
-    print(f"\nsmoke reference dvc repro: {secs:.0f} s")
-    ran = [ln.split("'")[1] for _, ln in run.lines if ln.startswith("Running stage '")]
-    return Reference(repo, secs, _stage_times(run), ran)
+def smoke_reference(smoke_warm) -> Reference:
+    """The uninterrupted warm ``dvc repro`` of the smoke profile that the other end-to-end tests
+    share; a stage's seconds are its command's (``.lopd/timing``: process start to end)."""
+    import json
+
+    timing = [json.loads(f.read_text()) for f in (smoke_warm.repo / ".lopd/timing").glob("*.json")]
+    stage_seconds = {t["stage"]: t["t_end"] - t["t_process"] for t in timing if t.get("kind") != "warm-worker"
+                     and "t_process" in t}
+    ran = [ln.split("'")[1] for ln in smoke_warm.stdout.splitlines() if ln.startswith("Running stage '")]
+    assert ran and set(ran) <= set(stage_seconds), (ran, sorted(stage_seconds))
+    return Reference(smoke_warm.repo, smoke_warm.seconds, stage_seconds, ran)
 
 
 # ---------------------------------------------------------------- the kill chain
@@ -366,7 +354,6 @@ def _said(run: Run) -> list[str]:
     return [ln for _, ln in run.lines if ln.startswith("lopd repro:")]
 
 
-@pytest.mark.slow
 def test_every_kill_point_was_hit_and_every_torn_lock_restored(kill_chain):
     kills = kill_chain.kills
     for name in ("prepare", "base", "bank", "cold_start", "hpo", "train@lopd", "evaluate@", "report"):
@@ -379,7 +366,6 @@ def test_every_kill_point_was_hit_and_every_torn_lock_restored(kill_chain):
         assert restored == (k.lock_after != "complete"), (k, said)
 
 
-@pytest.mark.slow
 def test_the_rerun_after_kills_gives_the_same_bytes(kill_chain, smoke_reference):
     files = kill_chain.files
     bad = {f: c for f, c in files.items() if c not in ("same", "known")}
@@ -392,7 +378,6 @@ def test_the_rerun_after_kills_gives_the_same_bytes(kill_chain, smoke_reference)
     assert sum(c == "same" for c in files.values()) > 60
 
 
-@pytest.mark.slow
 def test_the_rerun_after_kills_is_complete_and_leaves_nothing_behind(kill_chain):
     repo = kill_chain.repo
     st = subprocess.run([str(BIN / "dvc"), "status"], cwd=repo, env=_env(), capture_output=True, text=True)
@@ -402,12 +387,10 @@ def test_the_rerun_after_kills_is_complete_and_leaves_nothing_behind(kill_chain)
     assert "Running stage" not in again.text() and not _said(again), again.text()
 
 
-@pytest.mark.slow
 def test_no_mlflow_run_is_left_running(kill_chain):
     assert not running_mlflow_runs(kill_chain.repo), running_mlflow_runs(kill_chain.repo)
 
 
-@pytest.mark.slow
 def test_a_search_killed_inside_a_trial_resumes_with_the_same_trials(kill_chain):
     assert all(kill_chain.files[f] in ("same", "known") for f in SEARCH_RESTART_OUTPUTS), \
         {f: kill_chain.files[f] for f in SEARCH_RESTART_OUTPUTS}

@@ -282,7 +282,6 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="lopd launch needs Ray: pip install -e '.[cluster]'")
 
 
-@pytest.mark.slow
 @needs_ray
 def test_toy_pipeline_fans_out_and_back_in(tmp_path):
     serial = _make_toy(tmp_path / "serial", sleep=0)
@@ -417,7 +416,6 @@ def _kill_group(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
 @needs_ray
 def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     root = _make_toy(tmp_path / "toy", sleep=6)

@@ -80,6 +80,14 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     assert not missing, f"missing outputs: {missing}"
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert set(summary["test_reward"]) == set(arms)
+    # MLflow: one tree per experiment, the report on its parent, no run left RUNNING
+    from tests.test_tracking_tree import assert_one_tree
+
+    runs = assert_one_tree(f"sqlite:///{repo / 'mlflow.db'}", params["tracking"]["experiment"],
+                           ["reports/main_table.md", "reports/falsification.md", "reports/metrics/verdict/claim.json",
+                            "reports/figures/learning_curves.png"])
+    assert len(runs) >= 2 * len(arms) * len(seeds), len(runs)  # a train and an eval run per job, at least
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}, {r.info.run_name: r.info.status for r in runs.values()}
     st = run_cmd([str(BIN / "dvc"), "status"], repo, 120)
     assert st.returncode == 0 and "up to date" in st.stdout, st.stdout
     again = run_cmd([str(BIN / "dvc"), "repro"], repo, 300)
@@ -87,7 +95,6 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     assert "Running stage" not in again.stdout, f"a second repro re-ran stages:\n{again.stdout}"
 
 
-@pytest.mark.slow
 def test_two_clean_repros_give_identical_lock_and_reports(smoke_recorded, smoke_warm):
     """Every DVC output is a deterministic function of its deps: a recorded (one process per stage)
     and a warm (stages forked from one worker) clean repro agree byte for byte."""
@@ -98,7 +105,6 @@ def test_two_clean_repros_give_identical_lock_and_reports(smoke_recorded, smoke_
             assert f.read_bytes() == (b / f.relative_to(a)).read_bytes(), f
 
 
-@pytest.mark.slow
 def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_path):
     repo = _copy(smoke_recorded, tmp_path / "repo")
     readers = set()
@@ -120,7 +126,6 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
         assert (repo / f"runs/{s.split('@')[1]}/student.safetensors").read_bytes() != old, s
 
 
-@pytest.mark.slow
 def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_recorded, tmp_path):
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -142,6 +147,26 @@ def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_re
     assert states["COMPLETE"] + states["PRUNED"] == n + 1, states
     after = (repo / "hpo/trials.csv").read_text().splitlines()
     assert len(after) == len(before) + 1 and after[:len(before)] == before, (before, after)
+
+
+@pytest.mark.slow
+def test_plots_diff_overlays_two_experiments(smoke_recorded, tmp_path):
+    """`dvc exp run -S train.lr_student=...` then `dvc plots diff`: one HTML page whose learning
+    curves carry both revisions."""
+    repo = _copy(smoke_recorded, tmp_path / "repo")
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "smoke"]):
+        r = run_cmd(cmd, repo, 60)
+        assert r.returncode == 0, r.stderr
+    lr = yaml.safe_load((repo / "params.yaml").read_text())["train"]["lr_student"]
+    exp = run_cmd([str(BIN / "dvc"), "exp", "run", "-n", "lr2x", "-S", f"train.lr_student={2 * lr}"], repo, 900)
+    assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
+    out = tmp_path / "plots"
+    r = run_cmd([str(BIN / "dvc"), "plots", "diff", "HEAD", "lr2x", "-o", str(out)], repo, 300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    html = (out / "index.html").read_text()
+    assert "learning_curves" in html or "Validation reward per step" in html
+    assert '"rev": "HEAD"' in html.replace("'", '"') or '"rev":"HEAD"' in html, "HEAD's curves missing"
+    assert "lr2x" in html, "the experiment's curves missing"
 
 
 def test_dvc_yaml_plots_match_the_report_declarations():
