@@ -126,6 +126,22 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
         assert (repo / f"runs/{s.split('@')[1]}/student.safetensors").read_bytes() != old, s
 
 
+def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
+    """One more seed in train.seeds: its train and evaluate jobs and the report run, nothing else;
+    the existing runs' outputs are untouched."""
+    repo = _copy(smoke_recorded, tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    arms, new = params["train"]["arms"], max(params["train"]["seeds"]) + 1
+    params["train"]["seeds"] = [*params["train"]["seeds"], new]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    old = {p: p.read_bytes() for p in sorted((repo / "runs").rglob("*")) if p.is_file()}
+    r = run_cmd([str(BIN / "dvc"), "repro"], repo, 900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    want = {f"train@{a}-{new}" for a in arms} | {f"evaluate@{a}-{new}" for a in arms} | {"report"}
+    assert set(_ran(r.stdout)) == want, sorted(set(_ran(r.stdout)) ^ want)
+    assert all(p.read_bytes() == b for p, b in old.items())
+
+
 def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_recorded, tmp_path):
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
