@@ -125,7 +125,10 @@ def _journal_trials(repo: Path, n: int):
 class Point:
     stage: str      # a stage name or a prefix ("train@lopd": the first such stage that runs)
     mode: str       # "mid": inside the stage's command; "lock": while DVC rewrites dvc.lock after it
-    at: float = 0.4  # mid: fraction of the stage's reference duration; lock: seconds after the write starts
+    # mid: fraction of the reference's command duration, counted from DVC's echo of the command (small:
+    # a chain stage may run up to 4x faster than the reference did and still be killed inside it);
+    # lock: seconds after the write starts
+    at: float = 0.25
     until: str | None = None  # mid: kill when this happens instead: "trial:<n>" or a file ("{item}": matrix item)
 
     def condition(self, repo: Path, item: str):
@@ -139,11 +142,11 @@ class Point:
 
 # Dense enough to hit DVC's rewrite of dvc.lock: every "lock" point kills it mid-write (the
 # guard must restore it); "mid" points kill inside the stage's own command.
-POINTS = [Point("prepare", "mid", 0.5), Point("prepare", "lock", 0.0), Point("base", "mid", 0.3),
+POINTS = [Point("prepare", "mid", 0.25), Point("prepare", "lock", 0.0), Point("base", "mid", 0.25),
           Point("bank", "mid"), Point("bank", "lock", 0.05), Point("cold_start", "mid"),
           Point("hpo", "mid", until="trial:2"), Point("hpo", "lock", 0.2),
           Point("train@lopd", "mid", until="checkpoints/{item}/meta.json"), Point("train@lopd", "lock", 0.0),
-          Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.1), Point("report", "mid", 0.5),
+          Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.1), Point("report", "mid", 0.25),
           Point("report", "lock", 0.0)]
 
 
@@ -169,6 +172,7 @@ def _wait(cond, timeout: float, poll: float = 0.05) -> bool:
 
 def _kill_mid(run: Run, i: int, delay: float, cond) -> str:
     ended = lambda: run.after(i, "Updating lock file") or run.after(i, "Running stage") or run.proc.poll() is not None  # noqa: E731
+    _wait(lambda: run.after(i, "> lopd ") or ended(), 600, poll=0.01)  # DVC echoes the command as it starts it
     _wait((lambda: ended() or cond()) if cond else ended, 3600 if cond else delay, poll=0.01)
     inside = "after the command (hashing/committing outputs)" if ended() else "the stage's command"
     run.kill()
