@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     in the warm worker; otherwise in this process."""
     from lopd import warm
 
-    os.environ.setdefault("LOPD_T0", repr(process_start_time()))  # for the pipeline bench's start-up figure
+    # this process's start, for the start-up figure (a warm child gets it in the client's environment);
+    # overwritten, never inherited: a parent that ran lopd in-process (a test) must not lend its own
+    os.environ["LOPD_T0"] = repr(process_start_time())
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker

@@ -107,6 +107,8 @@ def smoke_reference(smoke_warm) -> Reference:
                      and "t_process" in t}
     ran = [ln.split("'")[1] for ln in smoke_warm.stdout.splitlines() if ln.startswith("Running stage '")]
     assert ran and set(ran) <= set(stage_seconds), (ran, sorted(stage_seconds))
+    # a stage cannot outlast the repro: a larger figure is a mis-measured start (e.g. a stale LOPD_T0)
+    assert all(0 < s <= smoke_warm.seconds for s in stage_seconds.values()), (smoke_warm.seconds, stage_seconds)
     return Reference(smoke_warm.repo, smoke_warm.seconds, stage_seconds, ran)
 
 
