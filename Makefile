@@ -27,12 +27,12 @@ repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
-# Everything but the Ray smoke matrix (CI runs this): unit suite, the recorded and the warm smoke repro,
-# determinism, lora_r/report reruns, plots diff, kill-anywhere, lopd launch on a toy pipeline.
+# CI runs this: unit suite, the recorded and the warm smoke repro, determinism, report rerun, adding a
+# seed, kill-anywhere, lopd launch fanning out a toy pipeline (the longest end-to-end tests: test-e2e).
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
-# The smoke matrix through lopd launch on a local Ray cluster against a serial repro (about 8 min more).
+# The smoke matrix through lopd launch against a serial repro, the lora_r rerun, launch recovery, plots diff.
 test-e2e: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m slow
 

@@ -416,6 +416,7 @@ def _kill_group(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @needs_ray
 def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     root = _make_toy(tmp_path / "toy", sleep=6)

@@ -105,6 +105,7 @@ def test_two_clean_repros_give_identical_lock_and_reports(smoke_recorded, smoke_
             assert f.read_bytes() == (b / f.relative_to(a)).read_bytes(), f
 
 
+@pytest.mark.slow
 def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_path):
     repo = _copy(smoke_recorded, tmp_path / "repo")
     readers = set()
