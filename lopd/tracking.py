@@ -400,21 +400,14 @@ def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
     return "ok"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
     """Mark KILLED every RUNNING run of experiment ``exp_id`` that this host started from a process
     that no longer exists (a stage killed before it could end its run); once per process and store.
     Runs of other hosts are left alone (their liveness cannot be judged from here), and so are runs
-    of live processes (a concurrent stage). Returns the run ids it marked."""
+    of live processes (a concurrent stage); a pid reused by a process started after the run is dead
+    (:func:`lopd.utils.pid_started_before`). Returns the run ids it marked."""
+    from lopd.utils import pid_started_before
+
     if (os.getpid(), uri, exp_id) in _SWEPT:
         return []
     _SWEPT.add((os.getpid(), uri, exp_id))
@@ -424,7 +417,7 @@ def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
     marked = []
     for run in found:
         pid = run.data.tags.get(PID_TAG, "")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_started_before(int(pid), run.info.start_time / 1000):
             _end_run(uri, run.info.run_id, "KILLED")
             marked.append(run.info.run_id)
     return marked
