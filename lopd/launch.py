@@ -96,7 +96,7 @@ class _Driver:
                     [rel, str(sources.get(prod) or self.root)] for rel, prod in job.copy_inputs],
                 "lockfile": job.lockfile, "lock_key": job.lock_key, "log": str(log),
                 "events": str(self.log_dir / "events.jsonl")}
-        res = self.lp.resources.get(job.kind, self.lp.resources["default"])
+        res = resources_for(self.lp.resources, job.kind)
         ref = self.remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=0,
                                   name=f"lopd:{name}").remote(spec)
         self.running[ref] = (name, attempt, wt)
@@ -141,6 +141,15 @@ class _Driver:
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
         stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
+
+
+def resources_for(resources: dict, kind: str):
+    """What a job of stage ``kind`` reserves: ``resources[kind]``; for an extra-seed stage
+    (``train_extra``) that of the stage it repeats (``train``); else ``resources["default"]``."""
+    for k in (kind, kind.removesuffix("_extra")):
+        if k in resources:
+            return resources[k]
+    return resources["default"]
 
 
 def _live_local_groups(events_file: Path) -> list[int]:
@@ -325,7 +334,7 @@ def _worktree_root(root: Path, setting: str | None) -> Path:
 def _check_resources(plan: Plan, lp, total: dict) -> None:
     """A job asking more than the whole cluster has would wait forever: say so instead."""
     for kind in sorted({plan.jobs[s].kind for s in plan.launch}):
-        res = lp.resources.get(kind, lp.resources["default"])
+        res = resources_for(lp.resources, kind)
         for key, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)):
             if want > total.get(key, 0):
                 raise BadInput(f"launch.resources.{kind if kind in lp.resources else 'default'} asks "

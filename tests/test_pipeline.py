@@ -24,9 +24,13 @@ def _reads_test(dep: str) -> bool:
 def test_only_evaluate_depends_on_the_test_split():
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     offenders = {s: [d for d in deps if _reads_test(d)] for s, deps in _stage_deps(dvc).items()}
-    offenders = {s: d for s, d in offenders.items() if d and s != "evaluate"}
+    offenders = {s: d for s, d in offenders.items() if d and s not in ("evaluate", "evaluate_extra")}
     assert not offenders, f"stages other than evaluate depend on the test split: {offenders}"
     assert any(_reads_test(d) for d in _stage_deps(dvc)["evaluate"]), "evaluate must read the test split"
+    for kind in ("train", "evaluate"):  # the extra-seed stages are the same stages over other seeds
+        extra = dvc["stages"][f"{kind}_extra"]
+        assert {k: v for k, v in extra.items() if k != "matrix"} == {
+            k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
 
 
 def test_detector_catches_a_test_dependency():
@@ -43,10 +47,15 @@ def test_train_and_evaluate_matrix_cover_every_arm_and_seed():
 
     p = load_params(REPO / "params.yaml")
     assert set(p.train.arms) == set(ARMS), "the default profile runs every arm"
-    assert len(p.train.seeds) >= 10 and p.hpo.n_trials >= 16  # the decisive arms need >= 10 seeds
+    rule = p.report.rule
+    for arm in {rule.treatment, *rule.gain_over, *rule.content_controls}:  # the rule's arms need >= 10 seeds
+        assert len(p.train.seeds_of(arm)) >= 10, arm
+    assert p.hpo.n_trials >= 16
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     for stage in ("train", "evaluate"):
         assert dvc["stages"][stage]["matrix"] == {"arm": "${train.arms}", "seed": "${train.seeds}"}
+        assert dvc["stages"][f"{stage}_extra"]["matrix"] == {"arm": "${train.extra_arms}",
+                                                             "seed": "${train.extra_seeds}"}
 
 
 def _ran(stdout: str) -> list[str]:
@@ -132,7 +141,7 @@ def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
     the existing runs' outputs are untouched."""
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    arms, new = params["train"]["arms"], max(params["train"]["seeds"]) + 1
+    arms, new = params["train"]["arms"], max(params["train"]["seeds"] + params["train"]["extra_seeds"]) + 1
     params["train"]["seeds"] = [*params["train"]["seeds"], new]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     old = {p: p.read_bytes() for p in sorted((repo / "runs").rglob("*")) if p.is_file()}
