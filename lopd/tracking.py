@@ -418,6 +418,10 @@ def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
     for run in found:
         pid = run.data.tags.get(PID_TAG, "")
         if pid.isdigit() and int(pid) != os.getpid() and not pid_started_before(int(pid), run.info.start_time / 1000):
+            # re-read after the process is known dead: it may have ended its run between the search and
+            # now (a finished process waiting to be reaped is a zombie); a dead process changes nothing more
+            if _retry(client.get_run, run.info.run_id).info.status != "RUNNING":
+                continue
             _end_run(uri, run.info.run_id, "KILLED")
             marked.append(run.info.run_id)
     return marked
