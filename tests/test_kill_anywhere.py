@@ -11,8 +11,8 @@ stale lock, no half-written file, no process left behind.
 from __future__ import annotations
 
 import fnmatch
-import shutil
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -166,7 +166,6 @@ class Kill:
     pgid: int = 0
     guard_said: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    had_snapshot: bool = True  # a complete dvc.lock had been kept before this kill (not so before the first write)
 
 
 def _wait(cond, timeout: float, poll: float = 0.05) -> bool:
@@ -210,7 +209,6 @@ def _kill_at(repo: Path, point: Point, ref: Reference) -> Kill:
     assert _wait(lambda: run.started(point.stage) or run.proc.poll() is not None, 1800, poll=0.02), "no start"
     assert run.proc.poll() is None, f"the repro ended before {point.stage} started:\n{run.text()[-3000:]}"
     i, k.stage = run.started(point.stage)
-    k.had_snapshot = (repo / ".lopd" / "dvc.lock.good").exists()
     if point.mode == "mid":
         cond = point.condition(repo, k.stage.partition("@")[2])
         k.inside = _kill_mid(run, i, point.at * ref.stage_seconds[k.stage], cond)
@@ -383,11 +381,7 @@ def test_every_kill_point_was_hit_and_every_torn_lock_restored(kill_chain):
     # what each kill left in dvc.lock is what the next guarded repro found and said
     for k, said in zip(kills, [k.guard_said for k in kills[1:]] + [_said(kill_chain.final)]):
         restored = any("restored the last complete lock" in s for s in said)
-        if k.had_snapshot:
-            assert restored == (k.lock_after != "complete"), (k, said)
-        else:  # a torn *first* lock: nothing to restore; the guard moves it aside and DVC reruns every stage
-            assert not restored and (k.lock_after == "complete") == (
-                not any("no complete snapshot to restore" in s for s in said)), (k, said)
+        assert restored == (k.lock_after != "complete"), (k, said)
 
 
 def test_the_rerun_after_kills_gives_the_same_bytes(kill_chain, smoke_reference):
