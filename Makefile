@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: anything that pulls torch later finds it satisfied (no CUDA build download)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test,minilm]"
+	$(BIN)/python -m pip install -q -e ".[test,minilm,cluster]"
 	touch $@
 
 setup: $(BIN)/.installed
@@ -27,13 +27,13 @@ repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
-# The unit suite plus one recorded smoke pipeline (CI runs this). The other end-to-end tests (warm smoke, kill-anywhere,
-# lora_r rerun, lopd launch on Ray) are marked `slow` and run with `make test-e2e`; see the README for why.
+# CI runs this: unit suite, the recorded and the warm smoke repro, determinism, report rerun, adding a
+# seed, kill-anywhere, lopd launch fanning out a toy pipeline (the longest end-to-end tests: test-e2e).
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
+# The smoke matrix through lopd launch against a serial repro, the lora_r rerun, launch recovery, plots diff.
 test-e2e: $(BIN)/.installed
-	$(BIN)/python -m pip install -q -e ".[cluster]"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m slow
 
 bench: $(BIN)/.installed

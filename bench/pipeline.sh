@@ -10,6 +10,7 @@ export PATH="$BIN:$PATH" DVC_NO_ANALYTICS=1 MLFLOW_DISABLE_TELEMETRY=true
 cd "$REPO"
 git ls-files -co --exclude-standard | while read -r f; do [ -f "$f" ] && mkdir -p "$WORK/$(dirname "$f")" && cp -p "$f" "$WORK/$f"; done
 cd "$WORK"
+rm -f dvc.lock   # clean: no outputs and no lock (DVC keeps a lock's entries of stages that no longer exist)
 git init -q
 if [ $# -ge 1 ]; then "$BIN/lopd" apply-profile "$REPO/$1"; fi
 t0=$(date +%s.%N)

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     in the warm worker; otherwise in this process."""
     from lopd import warm
 
-    os.environ.setdefault("LOPD_T0", repr(process_start_time()))  # for the pipeline bench's start-up figure
+    # this process's start, for the start-up figure (a warm child gets it in the client's environment);
+    # overwritten, never inherited: a parent that ran lopd in-process (a test) must not lend its own
+    os.environ["LOPD_T0"] = repr(process_start_time())
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
@@ -153,7 +155,8 @@ def _dispatch(args, start_recording=lambda: None) -> int:
 
 
 def _check_arm_and_seed(params, args) -> None:
-    """Before anything is written: an unknown arm, or a seed outside ``train.seeds``, is bad input."""
+    """Before anything is written: an unknown arm, or a seed that is not one of the arm's
+    (``train.seeds``, plus ``train.extra_seeds`` for ``train.extra_arms``), is bad input."""
     if args.cmd not in ("train", "evaluate"):
         return
     from lopd.arms import get_arm
@@ -162,8 +165,9 @@ def _check_arm_and_seed(params, args) -> None:
 
     get_arm(args.arm)
     with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
-        if args.seed not in params.train.seeds:
-            raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}")
+        if args.seed not in params.train.seeds_of(args.arm):
+            raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}"
+                           + (f" or train.extra_seeds {params.train.extra_seeds}" if args.arm in params.train.extra_arms else ""))
 
 
 def _run_stage(stage, params, paths, args) -> None:

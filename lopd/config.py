@@ -202,6 +202,10 @@ class ProbeParams(_Section):
 class TrainParams(_Section):
     arms: list[str]
     seeds: list[int]
+    # more seeds for some arms (stages train_extra@/evaluate_extra@): the falsification rule's arms
+    # need >= 10 seeds, the other arms fewer (a DVC matrix is a full cross product, hence two)
+    extra_arms: list[str]
+    extra_seeds: list[int]
     steps: int = Field(ge=1)
     tasks_per_step: int = Field(ge=1)
     group_size: int = Field(ge=1)
@@ -240,6 +244,20 @@ class TrainParams(_Section):
         if not v or len(set(v)) != len(v) or any(s < 0 for s in v):
             raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative integers, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _extra(self):
+        if len(set(self.extra_arms)) != len(self.extra_arms) or not set(self.extra_arms) <= set(self.arms):
+            raise ValueError(f"train.extra_arms must be distinct arms of train.arms {self.arms}, got {self.extra_arms}")
+        s = self.extra_seeds
+        if len(set(s)) != len(s) or any(x < 0 for x in s) or set(s) & set(self.seeds):
+            raise ValueError(f"train.extra_seeds must be distinct non-negative integers not in train.seeds "
+                             f"{self.seeds}, got {s}")
+        return self
+
+    def seeds_of(self, arm: str) -> list[int]:
+        """Every training seed of ``arm``: ``seeds``, plus ``extra_seeds`` if it is an extra arm."""
+        return [*self.seeds, *(self.extra_seeds if arm in self.extra_arms else [])]
 
 
 class HpoParams(_Section):

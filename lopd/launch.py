@@ -96,7 +96,7 @@ class _Driver:
                     [rel, str(sources.get(prod) or self.root)] for rel, prod in job.copy_inputs],
                 "lockfile": job.lockfile, "lock_key": job.lock_key, "log": str(log),
                 "events": str(self.log_dir / "events.jsonl")}
-        res = self.lp.resources.get(job.kind, self.lp.resources["default"])
+        res = resources_for(self.lp.resources, job.kind)
         ref = self.remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=0,
                                   name=f"lopd:{name}").remote(spec)
         self.running[ref] = (name, attempt, wt)
@@ -140,6 +140,53 @@ class _Driver:
             ray.cancel(ref)
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
+
+
+def resources_for(resources: dict, kind: str):
+    """What a job of stage ``kind`` reserves: ``resources[kind]``; for an extra-seed stage
+    (``train_extra``) that of the stage it repeats (``train``); else ``resources["default"]``."""
+    for k in (kind, kind.removesuffix("_extra")):
+        if k in resources:
+            return resources[k]
+    return resources["default"]
+
+
+def _live_local_groups(events_file: Path) -> list[int]:
+    """Process groups of this host's jobs that started a command and have not ended."""
+    import socket
+
+    if not events_file.exists():
+        return []
+    started, ended = {}, set()
+    for line in events_file.read_text().splitlines():
+        e = json.loads(line)
+        key = (e.get("stage"), e.get("attempt"))
+        if e["event"] == "running" and e.get("host") == socket.gethostname():
+            started[key] = e["pid"]
+        elif e["event"] == "end":
+            ended.add(key)
+    alive = []
+    for key, pgid in started.items():
+        if key in ended:  # its group is gone; the id may belong to another process by now
+            continue
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pgid)
+    return alive
+
+
+def stop_local_groups(events_file: Path, wait_s: float) -> None:
+    """Return only once every job command this host started is gone: a cancelled job's guard stops
+    its group within its grace period; one still alive after ``wait_s`` is SIGKILLed."""
+    deadline = time.monotonic() + wait_s
+    while (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
@@ -287,7 +334,7 @@ def _worktree_root(root: Path, setting: str | None) -> Path:
 def _check_resources(plan: Plan, lp, total: dict) -> None:
     """A job asking more than the whole cluster has would wait forever: say so instead."""
     for kind in sorted({plan.jobs[s].kind for s in plan.launch}):
-        res = lp.resources.get(kind, lp.resources["default"])
+        res = resources_for(lp.resources, kind)
         for key, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)):
             if want > total.get(key, 0):
                 raise BadInput(f"launch.resources.{kind if kind in lp.resources else 'default'} asks "

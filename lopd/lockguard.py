@@ -253,22 +253,6 @@ def _flock(path: Path, what: str):
         os.close(fd)
 
 
-def _pid_started_before(pid: int, t: float) -> bool:
-    """Whether process ``pid`` is alive and was started before time ``t`` (so it may hold an entry
-    written at ``t``). In doubt, yes: never drop a live holder's lock."""
-    import psutil  # a DVC dependency
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by its parent
-            return False
-        return proc.create_time() <= t + 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True
-
-
 def _rwlock_infos(lock: dict):
     for mode in ("read", "write"):
         for path, infos in (lock.get(mode) or {}).items():
@@ -294,7 +278,9 @@ def _tidy_rwlock(path: Path, say) -> None:
         say(f"deleted {path}: it was not a valid DVC rwlock ({type(e).__name__}: {e}); "
             "a DVC process was killed while writing it and no DVC process holds DVC's locks now")
         return
-    live = {p for p in pids if _pid_started_before(p, written)}
+    from lopd.utils import pid_started_before
+
+    live = {p for p in pids if pid_started_before(p, written)}
     if live:
         who = "; ".join(sorted({f"pid {i['pid']}: {i.get('cmd')}" for _, _, i in infos if int(i["pid"]) in live}))
         raise Busy(f"a live DVC process holds paths in {path} ({who})")

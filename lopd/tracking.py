@@ -37,6 +37,7 @@ import hashlib
 import logging
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,8 @@ _COMMIT: dict[str, str] = {}  # cwd -> commit (cleared in a forked child)
 _EXPERIMENT_IDS: dict[tuple[str, str], str] = {}  # (uri, experiment name) -> id
 _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment name, key) -> parent run id
 _USED_URIS: set[str] = set()  # stores this process opened (quiesced before a fork)
+HOST_TAG, PID_TAG = "lopd.host", "lopd.pid"
+_SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
 
 
 def git_commit() -> str:
@@ -265,8 +268,9 @@ class Tracker:
             self.client = _client(self.tp.uri)
             exp_id = _experiment_id(self.client, self.tp.uri, self.tp.experiment)
             parent = parent_run_id or experiment_parent_id(params, self.client)
+            sweep_dead_runs(self.client, self.tp.uri, exp_id)
             all_tags = {"git_commit": git_commit(), **{k: str(v) for k, v in tags.items()},
-                        "mlflow.parentRunId": parent}
+                        "mlflow.parentRunId": parent, HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
             self.run_id = _retry(self.client.create_run, exp_id, run_name=run_name, tags=all_tags).info.run_id
         except Exception as e:  # noqa: BLE001 - any tracking failure is reported, never hidden
             self._fail(e)
@@ -368,10 +372,11 @@ class Tracker:
                 self._fail(e)
 
 
-def log_report_artifacts(params, paths) -> str:
+def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
     """Attach the report files to the experiment parent and mark it FINISHED (the report is the last stage).
 
-    A relative path keeps its directory inside the run's artifacts (``reports/figures/x.png``).
+    A path keeps its directory inside the run's artifacts (``reports/figures/x.png``): relative to
+    ``root`` if given, else as written (an absolute path without ``root`` lands at the top).
     Returns ``"ok"`` or ``"failed: <cause>"`` (``tracking.on_failure: fail`` raises ``BadInput``).
     """
     tp = params.tracking
@@ -381,8 +386,11 @@ def log_report_artifacts(params, paths) -> str:
     try:
         client = _client(tp.uri)
         parent = experiment_parent_id(params, client)
+        # the last stage: no run of a killed earlier attempt may stay RUNNING under a finished parent
+        sweep_dead_runs(client, tp.uri, _experiment_id(client, tp.uri, tp.experiment))
         for p in map(Path, paths):
-            where = str(p.parent) if not p.is_absolute() and str(p.parent) != "." else None
+            rel = p.relative_to(root) if root is not None else p
+            where = str(rel.parent) if not rel.is_absolute() and str(rel.parent) != "." else None
             _retry(client.log_artifact, parent, str(p), where)
         _end_run(tp.uri, parent, "FINISHED")
     except Exception as e:  # noqa: BLE001 - reported, never hidden
@@ -390,6 +398,33 @@ def log_report_artifacts(params, paths) -> str:
         _handle_failure(tp, msg, first=True)
         return f"failed: {msg}"
     return "ok"
+
+
+def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
+    """Mark KILLED every RUNNING run of experiment ``exp_id`` that this host started from a process
+    that no longer exists (a stage killed before it could end its run); once per process and store.
+    Runs of other hosts are left alone (their liveness cannot be judged from here), and so are runs
+    of live processes (a concurrent stage); a pid reused by a process started after the run is dead
+    (:func:`lopd.utils.pid_started_before`). Returns the run ids it marked."""
+    from lopd.utils import pid_started_before
+
+    if (os.getpid(), uri, exp_id) in _SWEPT:
+        return []
+    _SWEPT.add((os.getpid(), uri, exp_id))
+    host = socket.gethostname()
+    found = _retry(client.search_runs, [exp_id], filter_string=(
+        f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"), max_results=1000)
+    marked = []
+    for run in found:
+        pid = run.data.tags.get(PID_TAG, "")
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_started_before(int(pid), run.info.start_time / 1000):
+            # re-read after the process is known dead: it may have ended its run between the search and
+            # now (a finished process waiting to be reaped is a zombie); a dead process changes nothing more
+            if _retry(client.get_run, run.info.run_id).info.status != "RUNNING":
+                continue
+            _end_run(uri, run.info.run_id, "KILLED")
+            marked.append(run.info.run_id)
+    return marked
 
 
 def mark_stale_run(tp, run_id: str) -> bool:

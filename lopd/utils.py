@@ -114,3 +114,20 @@ def progress():
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("{task.fields[info]}"), transient=False)
+
+
+def pid_started_before(pid: int, t: float) -> bool:
+    """Whether process ``pid`` is alive and was started before time ``t`` (epoch s), i.e. may be the
+    process that wrote something at ``t`` (a reused pid started later is not). In doubt, yes: a live
+    holder's lock or run is never taken from it."""
+    import psutil  # a DVC dependency
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by its parent
+            return False
+        return proc.create_time() <= t + 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True

@@ -75,6 +75,9 @@ CASES = {
     "n_ret_zero": ({"train.n_ret": 0}, ["train.n_ret", "greater than or equal to 1"]),
     "duplicate_seeds": ({"train.seeds": [0, 1, 1]}, ["train.seeds", "distinct", "[0, 1, 1]"]),
     "negative_seed": ({"train.seeds": [0, -1]}, ["train.seeds", "non-negative"]),
+    "extra_seed_in_seeds": ({"train.extra_seeds": [2, 3]}, ["train.extra_seeds", "not in train.seeds", "[2, 3]"]),
+    "extra_arm_not_run": ({"train.arms": ["base", "lopd"], "train.extra_arms": ["lopd", "sft"]},
+                          ["train.extra_arms", "train.arms", "sft"]),
     "unknown_arm": ({"train.arms": ["lopd", "nope"]}, ["train.arms", "nope", "known arms", *ARMS]),
     "duplicate_arm": ({"train.arms": ["lopd", "lopd"]}, ["train.arms", "duplicates"]),
     "bad_literal_support": ({"train.support": "both"}, ["train.support", "'teacher'", "'student'", "'union'", "both"]),
@@ -207,7 +210,8 @@ def test_prepare_with_valid_small_params_writes_splits(tmp_path, monkeypatch, ca
     (["train", "--arm", "nope", "--seed", "0"], ["unknown arm 'nope'", "known arms", *ARMS]),
     (["evaluate", "--arm", "nope", "--seed", "0"], ["known arms"]),
     (["train", "--arm", "lopd", "--seed", "99"], ["seed 99", "train.seeds"]),
-], ids=["train-unknown-arm", "evaluate-unknown-arm", "train-seed-not-in-params"])
+    (["evaluate", "--arm", "sft", "--seed", "5"], ["seed 5", "train.seeds"]),  # an extra seed of other arms only
+], ids=["train-unknown-arm", "evaluate-unknown-arm", "train-seed-not-in-params", "extra-seed-of-another-arm"])
 def test_cli_rejects_bad_arm_or_seed_before_anything_else(tmp_path, monkeypatch, capsys, base_raw, argv, needles):
     monkeypatch.chdir(tmp_path)
     good = _write(tmp_path, base_raw)

@@ -75,6 +75,9 @@ def _dvc_yaml(hpo_test: bool) -> dict:
                   "outs": ["runs/${item.arm}-${item.seed}"]},
         "evaluate": {"foreach": ["lopd-0", "grpo-0"], "do": {"cmd": "python stages/evaluate.py ${item}",
                                                               "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
+        # the extra-seed repeat of evaluate may read test too (the clean-audit tests check it is not flagged)
+        "evaluate_extra": {"foreach": ["lopd-2"], "do": {"cmd": "python stages/evaluate.py ${item}",
+                                                         "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
         "report": {"cmd": "python stages/report.py", "deps": ["runs", "results/eval", "data/splits/manifest.json"]},
     }}
 
@@ -416,6 +419,15 @@ def test_leakage_violation_is_flagged(tmp_path, kind):
     audit = _read(tmp_path, "leakage_audit.md")
     assert "LEAKAGE VIOLATION" in audit and "`hpo`" in audit.split("## Split files")[0]
     assert CLEAN_LEAKAGE_SENTENCE not in audit and lk["clean"] is False
+
+
+def test_an_extra_seed_stage_is_audited_as_the_stage_it_repeats(tmp_path):
+    make_fixture(tmp_path, n_seeds=2)
+    dvc = yaml.safe_load((tmp_path / "dvc.yaml").read_text())
+    dvc["stages"]["train_extra"] = {**dvc["stages"]["train"], "deps": ["data/splits/test.jsonl"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
+    lk = leakage(tmp_path, load_runs(tmp_path), ["lopd"])
+    assert [v for v in lk["violations"] if "`train_extra`" in v] and not [v for v in lk["violations"] if "evaluate" in v]
 
 
 def test_one_sample_per_task_and_bad_per_task_files_are_named(tmp_path):

@@ -39,3 +39,34 @@ def test_lopd_run_logs_signals_every_step_and_provenance_tags(tracked_run):
     assert tags["bank_mode"] == "relevant"
     assert tags["params_hash"] == r["params_hash"]
     assert client.get_metric_history(run.info.run_id, "final_val_reward")
+
+
+def test_runs_of_dead_processes_on_this_host_are_marked_killed(tmp_path):
+    """A stage killed before it ended its MLflow run leaves it RUNNING; the next tracker of the
+    experiment marks it KILLED, but leaves runs of live processes and of other hosts alone."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from lopd import tracking
+    from tests.conftest import default_params
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = default_params({"tracking": {"uri": uri}})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that existed and is gone
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = tracking._experiment_id(client, uri, params.tracking.experiment)
+    host = socket.gethostname()
+    runs = {name: client.create_run(exp_id, run_name=name, tags={tracking.HOST_TAG: h, tracking.PID_TAG: str(pid)})
+            .info.run_id for name, h, pid in [("killed", host, dead.pid), ("live", host, 1),
+                                              ("elsewhere", "another-host", dead.pid)]}
+    tracking._SWEPT.clear()
+    t = tracking.Tracker(params, "next-stage", {"stage": "test"})
+    assert t.ok, t.status
+    status = {name: client.get_run(rid).info.status for name, rid in runs.items()}
+    assert status == {"killed": "KILLED", "live": "RUNNING", "elsewhere": "RUNNING"}, status
+    assert client.get_run(t.run_id).data.tags[tracking.PID_TAG] == str(__import__("os").getpid())
+    t.end()

@@ -238,7 +238,8 @@ def test_concurrent_processes_create_one_parent(make_params):
     parents = [r for r in runs.values() if r.data.tags.get(EXPERIMENT_KEY_TAG) == experiment_key(params)]
     assert len(parents) == 1, [(r.info.run_id, r.info.start_time) for r in parents]
     assert {runs[rid].data.tags["mlflow.parentRunId"] for rid, _ in results} == {parents[0].info.run_id}
-    assert all(runs[rid].info.status == "FINISHED" and runs[rid].data.metrics == {"x": 1.0} for rid, _ in results)
+    assert all(runs[rid].info.status == "FINISHED" and runs[rid].data.metrics == {"x": 1.0} for rid, _ in results), [
+        (runs[rid].info.status, runs[rid].data.metrics, runs[rid].data.tags.get("lopd.pid")) for rid, _ in results]
 
 
 def test_stages_forked_from_a_preloaded_worker(make_params):

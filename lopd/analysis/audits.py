@@ -70,7 +70,9 @@ def _dvc_deps(root: Path) -> dict | None:
 
 
 def _stage_base(name: str) -> str:
-    return name.split("@", 1)[0]
+    """``train@lopd-0`` → ``train``; an extra-seed stage is the stage it repeats (``evaluate_extra`` →
+    ``evaluate``: dvc.yaml gives both the same command, deps and params, which tests/test_pipeline.py checks)."""
+    return name.split("@", 1)[0].removesuffix("_extra")
 
 
 def _runtime_records(root: Path) -> list[dict]:

@@ -11,7 +11,7 @@ from lopd.pipeline.common import load_resources, splits_read, write_side
 
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
-    from lopd.search.hpo import dep_files, run_search, write_outputs, write_result
+    from lopd.search.hpo import dep_files, interrupted_trials, run_search, write_outputs, write_result
     from lopd.tracking import Tracker
 
     res = load_resources(params, paths, role="hpo")
@@ -34,6 +34,6 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
     tracker.end()
     write_result(paths.hpo, sel, study, splits_read())
     write_side(paths, "hpo", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
-                              "tracking": tracker.status})
+                              "tracking": tracker.status, "interrupted_trials": interrupted_trials(study)})
     print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} (val reward {sel['value']:.3f})")
     return sel

@@ -13,6 +13,6 @@ def run(params: Params, paths: Paths) -> dict:
     summary = build_report(params, paths.root)
     out = paths.reports  # the experiment's parent MLflow run carries the report
     log_report_artifacts(params, sorted([*out.glob("*.md"), *out.glob("*.json"), *(out / "figures").glob("*.png"),
-                                         *(out / "metrics").rglob("*.json")]))
+                                         *(out / "metrics").rglob("*.json")]), root=paths.root)
     print(f"report written to {paths.reports}")
     return summary

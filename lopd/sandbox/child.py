@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource  # imported here, not in confine: confine also runs after a fork (the probe's preexec_fn)
 import sys
 
 if __package__:  # imported inside lopd
@@ -32,6 +33,50 @@ else:  # run as the child program, next to a copy of plain.py (``-I`` leaves its
     from plain import make_codec, type_name
 
     del sys.path[0]
+
+# ------------------------------------------------------------------ OS limits
+NOBODY = 65534
+CLONE_NEWNET = 0x40000000
+FSIZE_BYTES = 1 << 20
+NOFILE = 32
+
+
+def unshare_net() -> None:
+    """``unshare(CLONE_NEWNET)``: an empty network namespace (os.unshare from Python 3.12)."""
+    if hasattr(os, "unshare"):
+        os.unshare(CLONE_NEWNET)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(ctypes.c_int(CLONE_NEWNET)) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+
+
+def confine(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare=None) -> None:
+    """Namespace, rlimits, uid: the first thing the child does, before the payload is read.
+
+    Done here rather than in a ``preexec_fn`` so that the parent can start the child with
+    ``vfork`` (a ``preexec_fn`` forces a full ``fork`` of the parent, which with torch loaded
+    costs ~20 ms of page-table copying per program and stalls the parent's other threads).
+    Nothing untrusted has run yet, so the order relative to ``exec`` does not matter.
+    """
+    if netns:
+        (unshare or unshare_net)()
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_BYTES, FSIZE_BYTES))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if drop:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    # lowered *after* setuid: the per-user process count then makes every fork/clone
+    # fail. Root ignores RLIMIT_NPROC, so this only bites once the uid is dropped (or
+    # when the parent is not root); the audit hook refuses os.fork regardless.
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+
 
 # ------------------------------------------------------------------ audit policy
 DENY_PREFIX = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn",
@@ -318,6 +363,9 @@ def main() -> None:
     import types
     from builtins import BaseException
 
+    # argv: child.py <cpu seconds> <address-space bytes> <netns 0|1> <drop uid 0|1>
+    cpu_s, mem_bytes, netns, drop = (int(a) for a in sys.argv[1:5])
+    confine(cpu_s, mem_bytes, bool(netns), bool(drop))
     tmp = os.path.realpath(os.getcwd())
     with open("payload.json", "rb") as fh:
         payload = json.loads(fh.read())

@@ -10,10 +10,8 @@ import sys
 import tempfile
 import threading
 
-NOBODY = 65534
-_CLONE_NEWNET = 0x40000000
-_FSIZE_BYTES = 1 << 20
-_NOFILE = 32
+from lopd.sandbox.child import CLONE_NEWNET as _CLONE_NEWNET
+from lopd.sandbox.child import NOBODY
 
 _ISO_LOCK = threading.Lock()
 _ISO: dict | None = None
@@ -41,29 +39,20 @@ def unshare_fn():
     return _LIBC_UNSHARE
 
 
-def make_preexec(timeout_s: float, mem_mb: int, netns: bool, drop: bool, unshare=None):
-    """The ``preexec_fn`` run in the forked child before ``exec``: namespace, rlimits, uid."""
-    import resource
+def limit_args(timeout_s: float, mem_mb: int) -> tuple[int, int]:
+    """(RLIMIT_CPU seconds, RLIMIT_AS bytes) for a child with this wall-clock timeout and memory."""
+    return max(1, int(timeout_s) + 1), int(mem_mb) * 1024 * 1024
 
-    cpu = max(1, int(timeout_s) + 1)
-    mem = int(mem_mb) * 1024 * 1024
+
+def make_preexec(timeout_s: float, mem_mb: int, netns: bool, drop: bool, unshare=None):
+    """A ``preexec_fn`` applying :func:`lopd.sandbox.child.confine` (used by the one-off probe;
+    the sandbox's child confines itself, see ``confine``)."""
+    from lopd.sandbox.child import confine
+
+    cpu, mem = limit_args(timeout_s, mem_mb)
 
     def preexec() -> None:
-        if netns:
-            unshare()
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (_FSIZE_BYTES, _FSIZE_BYTES))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (_NOFILE, _NOFILE))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if drop:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-        # lowered *after* setuid: the per-user process count then makes every fork/clone
-        # fail. Root ignores RLIMIT_NPROC, so this only bites once the uid is dropped (or
-        # when the parent is not root); the audit hook refuses os.fork regardless.
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+        confine(cpu, mem, netns, drop, unshare)
 
     return preexec
 

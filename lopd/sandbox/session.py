@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from lopd.sandbox.plain import make_codec
-from lopd.sandbox.limits import NOBODY, isolation, make_preexec, unshare_fn
+from lopd.sandbox.limits import NOBODY, isolation, limit_args
 
 STATUSES = ("ok", "timeout", "error", "killed", "refused", "no_output")
 RECURSION_LIMIT = 1000
@@ -209,13 +209,13 @@ class Session:
                 os.chown(p, NOBODY, NOBODY)
         env = {"PATH": "/usr/bin:/bin", "HOME": self._tmp, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
-        pre = make_preexec(self.timeout_s, self.mem_mb, iso["netns"], iso["drop_uid"],
-                           unshare_fn() if iso["netns"] else None)
+        cpu_s, mem_bytes = limit_args(self.timeout_s, self.mem_mb)
+        confine = [str(cpu_s), str(mem_bytes), str(int(iso["netns"])), str(int(iso["drop_uid"]))]
         self._deadline = time.monotonic() + self.timeout_s
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", files[0]], cwd=self._tmp, env=env,
+            [sys.executable, "-I", "-S", "-B", files[0], *confine], cwd=self._tmp, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True, preexec_fn=pre,
+            close_fds=True, start_new_session=True,  # no preexec_fn: the child confines itself (vfork)
         )
         self._drains = [
             _Drain(self._proc.stdout, self.max_output_bytes, self._on_flood,

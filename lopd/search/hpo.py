@@ -7,8 +7,10 @@ the CPU profile a second seed per trial would halve the number of trials the 30-
 budget allows, and the final runs re-measure the selected point over every seed anyway).
 Intermediate validation rewards are reported to Optuna's median pruner.
 
-Storage: an Optuna Journal file (``hpo/journal.log``, a persistent DVC output), so a killed
-search resumes and keeps its finished trials; a trial left RUNNING by a killed process is
+Storage: an Optuna Journal file (``hpo/journal.log``, beside the stage's outputs but not one of
+them: it holds timestamps and worker ids, and every DVC output must be a deterministic function of
+its deps; DVC leaves an undeclared file alone), so a killed search resumes and keeps its finished
+trials; a trial left RUNNING by a killed process is
 marked FAIL on restart and does not count. ``--worker`` joins an existing study (several
 processes on one journal file on one machine, or a PostgreSQL/MySQL URL across machines).
 
@@ -55,7 +57,8 @@ def study_name(params, dep_files: list[Path]) -> str:
 
     from lopd.utils import sha256_path
 
-    train = params.train.model_dump(exclude={"arms", "seeds", "use_best_params"})
+    # which runs the final matrix holds is not part of a trial (adding a seed must not restart the search)
+    train = params.train.model_dump(exclude={"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params"})
     setup = [sha256_path(f) for f in dep_files] + [train]
     setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
     return f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
@@ -144,29 +147,46 @@ def _objective(trial, params, res, parent_tracker) -> float:
     return sum(vals) / len(vals)
 
 
+def finished_trials(study) -> list:
+    """COMPLETE and PRUNED trials in the order they were created. A FAIL trial is one a killed
+    search left RUNNING (:func:`_fail_stale_trials`; a trial that raises stops the stage): it is
+    not part of the search's result, so outputs number trials by position in this list and a
+    resumed search writes what an uninterrupted one would."""
+    from optuna.trial import TrialState
+
+    return sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+                  key=lambda t: t.number)
+
+
 def write_outputs(study, out_dir: Path) -> dict:
     from optuna.trial import TrialState
 
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        rows.append({"number": t.number, "state": t.state.name, "value": t.value, **t.params})
+    done = finished_trials(study)
+    rows = [{"number": i, "state": t.state.name, "value": t.value, **t.params} for i, t in enumerate(done)]
     write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    complete = [(i, t) for i, t in enumerate(done) if t.state == TrialState.COMPLETE]
     if not complete:
         from lopd.errors import RunFailed
 
         raise RunFailed("the search finished no trial: nothing to select")
-    best = max(complete, key=lambda t: (t.value, -t.number))
+    i, best = max(complete, key=lambda it: (it[1].value, -it[0]))
     sel = {"margin": float(best.params["margin"]), "K": int(best.params["K"]), "n_ret": int(best.params["n_ret"]),
-           "value": float(best.value), "trial": best.number, "selected_on": "val"}
+           "value": float(best.value), "trial": i, "selected_on": "val"}
     tmp = out_dir / "best_params.yaml.tmp"
     tmp.write_text(yaml.safe_dump(sel, sort_keys=True))
     tmp.replace(out_dir / "best_params.yaml")
     return sel
 
 
-def write_result(out_dir: Path, sel: dict, study, splits_read: list) -> None:
+def interrupted_trials(study) -> int:
+    """Trials a killed search left behind (marked FAIL on restart); reported in the side file."""
     from optuna.trial import TrialState
 
-    states = {s.name: len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
+    return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+
+
+def write_result(out_dir: Path, sel: dict, study, splits_read: list) -> None:
+    states = {"COMPLETE": 0, "PRUNED": 0}
+    for t in finished_trials(study):
+        states[t.state.name] += 1
     write_json(out_dir / "result.json", {"best": sel, "trial_states": states, "splits_read": splits_read})

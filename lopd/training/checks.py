@@ -29,6 +29,16 @@ def _require_dim(name: str, x: Tensor, dim: int, what: str) -> None:
         raise ValueError(f"{name} must have shape {what}, got {tuple(x.shape)}")
 
 
+def _require_pair(a_name: str, a: Tensor, b_name: str, b: Tensor, dim: int, what: str) -> None:
+    """Both float tensors of ``dim`` dimensions (shape ``what``) and of the same shape."""
+    _require_float(a_name, a)
+    _require_float(b_name, b)
+    _require_dim(a_name, a, dim, what)
+    if a.shape != b.shape:
+        raise ValueError(f"{a_name} and {b_name} must have the same {what} shape, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
 def _check_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], against: str) -> Tensor:
     """Validate an (N, T) mask and return it as a 0/1-or-weight float32 tensor."""
     if not isinstance(mask, Tensor):

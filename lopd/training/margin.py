@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float
+from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float, _require_pair
 
 
 def token_delta(teacher_token_logp: Tensor, student_token_logp: Tensor) -> Tensor:
@@ -31,14 +31,7 @@ def token_delta(teacher_token_logp: Tensor, student_token_logp: Tensor) -> Tenso
     Returns:
         ``(N, T)`` δ.
     """
-    _require_float("teacher_token_logp", teacher_token_logp)
-    _require_float("student_token_logp", student_token_logp)
-    _require_dim("teacher_token_logp", teacher_token_logp, 2, "(N, T)")
-    if teacher_token_logp.shape != student_token_logp.shape:
-        raise ValueError(
-            "teacher_token_logp and student_token_logp must have the same (N, T) shape, "
-            f"got {tuple(teacher_token_logp.shape)} and {tuple(student_token_logp.shape)}"
-        )
+    _require_pair("teacher_token_logp", teacher_token_logp, "student_token_logp", student_token_logp, 2, "(N, T)")
     return _promote(teacher_token_logp) - _promote(student_token_logp).detach()
 
 

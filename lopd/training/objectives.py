@@ -51,7 +51,7 @@ SUPPORTS = ("teacher", "student", "union")
 _TAIL_LOGMASS_MAX = -1e-7
 
 
-from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float  # noqa: E402
+from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float, _require_pair  # noqa: E402
 
 # --------------------------------------------------------------------------- log-probs
 
@@ -199,14 +199,7 @@ def reverse_kl_topm_tail(
     Returns:
         :class:`KLResult` ``(loss, per_token, tail_mass)``.
     """
-    _require_float("student_logp", student_logp)
-    _require_float("teacher_logp", teacher_logp)
-    _require_dim("student_logp", student_logp, 3, "(N, T, V)")
-    if student_logp.shape != teacher_logp.shape:
-        raise ValueError(
-            "student_logp and teacher_logp must have the same (N, T, V) shape, got "
-            f"{tuple(student_logp.shape)} and {tuple(teacher_logp.shape)}"
-        )
+    _require_pair("student_logp", student_logp, "teacher_logp", teacher_logp, 3, "(N, T, V)")
     if support not in SUPPORTS:
         raise ValueError(f"unknown support {support!r}; expected one of {SUPPORTS}")
     if isinstance(top_m, bool) or not isinstance(top_m, int) or top_m < 1:
