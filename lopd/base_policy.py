@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from lopd.envs.base import Task
+from lopd.envs.base import Task, world_key
 from lopd.envs.tool import run_actions
 from lopd.model.chat import ChatFormat
 from lopd.training.objectives import sft_loss, token_logprobs
@@ -80,12 +80,12 @@ def pretraining_demos(envs: dict, bp, envs_seed: int) -> list[Demo]:
     for d_i, (domain, env) in enumerate(envs.items()):
         n_worlds = len(env.worlds["pretrain"])
         tasks = env.generate(pretraining_seed(envs_seed, d_i), n_worlds * bp.tasks_per_world, pool="pretrain")
-        by_world: dict[str, list[Task]] = defaultdict(list)
+        by_world: dict[tuple, list[Task]] = defaultdict(list)
         for t in tasks:
-            by_world[t.world].append(t)
+            by_world[world_key(t)].append(t)
         clean = {t.task_id: trajectory(env, t, env.solve(t)) for t in tasks}
         for t in tasks:
-            peers = [u for u in by_world[t.world] if u.task_id != t.task_id]
+            peers = [u for u in by_world[world_key(t)] if u.task_id != t.task_id]
             for _ in range(bp.demos_per_task):
                 n = min(sample_context_size(rng, bp.context_probs), len(peers))
                 chosen = rng.sample(peers, n)
@@ -121,17 +121,28 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def lr_factor(step: int, steps: int, warmup: int = 20, decay_frac: float = 0.2) -> float:
+    """Warm-up, stable, decay: ``(step+1)/warmup`` over the first ``warmup`` steps, then 1, then a
+    linear decay over the last ``decay_frac`` of the run down to 0.05. (Reading experience is
+    learnt late, after a plateau: a rate that stays high until then learns it in fewer steps
+    than one decaying from the start.)"""
+    warm = min(1.0, (step + 1) / warmup)
+    start = (1 - decay_frac) * steps
+    if step < start:
+        return warm
+    return warm * max(0.05, (steps - step) / (steps - start))
+
+
 def train_on_demos(model, fmt: ChatFormat, demos: list[Demo], *, steps: int, batch_size: int,
                    lr: float, seed: int, context_loss: bool = False, on_step=None) -> list[float]:
     """Next-token NLL (token mean) on the supervised tokens of ``demos`` (:func:`encode_demo`),
-    AdamW with a 20-step warm-up and a linear decay to 5% of ``lr``, gradient norm clipped at
-    1; returns the loss per step."""
+    AdamW at :func:`lr_factor` × ``lr``, gradient norm clipped at 1; returns the loss per step."""
     device = next(model.parameters()).device
     encoded = [encode_demo(fmt, d, context_loss) for d in demos]
     batches = length_batches([len(e[0]) for e in encoded], batch_size)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps))
     losses = []
     model.train()
     for step in range(steps):

@@ -115,9 +115,9 @@ class EnvParams(_Section):
     def _world_count(self):
         from lopd.envs.base import MAX_WORLDS
 
-        if self.n_target_worlds + self.n_pretrain_worlds > MAX_WORLDS:
-            raise ValueError(f"envs.n_target_worlds + envs.n_pretrain_worlds must be <= {MAX_WORLDS} (the number of "
-                             f"two-syllable world names), got {self.n_target_worlds + self.n_pretrain_worlds}")
+        if self.n_target_worlds >= MAX_WORLDS:
+            raise ValueError(f"envs.n_target_worlds must be < {MAX_WORLDS} (the number of two-syllable world names; "
+                             f"pretraining worlds need the rest), got {self.n_target_worlds}")
         return self
 
     @field_validator("domains")

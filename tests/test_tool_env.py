@@ -106,10 +106,9 @@ def _c(t):
 
 
 def _op(t, a, b):
-    """The operation call of ``t`` on prompt-order arguments (a, b) in the world's conventions."""
+    """The operation call of ``t`` on arguments (a, b) in the world's conventions."""
     c = _c(t)
-    x, y = (a, b) if c["order"] == "fwd" else (b, a)
-    return f"{c['op']} {x} {y} {c['unit']}"
+    return f"{c['op']} {c['unit']} {a} {b}"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -207,12 +206,11 @@ def test_wrong_unit_and_swapped_arguments(env, tasks):
         c, fam = _c(t), FAMILIES[t.family]
         a, b = fam.op_args(t.spec)
         ep = env.episode(t)
-        x, y = (a, b) if c["order"] == "fwd" else (b, a)
         wrong_unit = next(u for u in fam.pools["unit"] if u != c["unit"])
-        assert ep.step(f"{c['op']} {x} {y} {wrong_unit}").observation == "error unit"
-        assert env.episode(t).step(f"{c['op']} {x} {y}").observation == "error args"
+        assert ep.step(f"{c['op']} {wrong_unit} {a} {b}").observation == "error unit"
+        assert env.episode(t).step(f"{c['op']} {c['unit']} {a}").observation == "error args"
         if t.family != "thermo":  # (two digits there: swapped, they address the wrong room)
-            assert env.episode(t).step(f"{c['op']} {y} {x} {c['unit']}").observation == "error args"
+            assert env.episode(t).step(f"{c['op']} {c['unit']} {b} {a}").observation == "error args"
 
 
 @pytest.mark.parametrize("actions", [[], [""], ["   "], ["hello world"], ["lookup"], ["pay 1 2 3 4"],

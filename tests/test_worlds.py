@@ -13,7 +13,7 @@ from tests.conftest import default_params
 from lopd.data import SPLITS, generate_splits
 from lopd.envs import WorldConfig, make_env
 from lopd.envs.code import SLOTS, CodeEnv
-from lopd.envs.tool import FAMILIES, ORDERS, ToolEnv, run_actions
+from lopd.envs.tool import FAMILIES, ToolEnv, run_actions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,8 @@ def _phrase_in(phrase: str, text: str) -> bool:
 
 
 def _conv_phrases(task) -> list[str]:
-    """The strings that spell the task's conventions (argument order is not a string)."""
-    return [v for k, v in task.spec["conventions"].items() if k != "order"]
+    """The strings that spell the task's conventions."""
+    return list(task.spec["conventions"].values())
 
 
 # ----------------------------------------------------------------- seeded worlds
@@ -54,8 +54,10 @@ def test_worlds_seeded_and_deterministic(cls):
     assert [w.conventions for w in a.worlds["target"]] != [w.conventions for w in other.worlds["target"]]
     assert len(a.worlds["target"]) == p.envs.n_target_worlds
     assert len(a.worlds["pretrain"]) == p.envs.n_pretrain_worlds
-    names = [w.name for pool in a.worlds.values() for w in pool]
-    assert len(set(names)) == len(names)  # target and pretraining worlds are disjoint
+    target = [w.name for w in a.worlds["target"]]
+    assert len(set(target)) == len(target)
+    # pretraining worlds never take a target world's name; they share the other names
+    assert not set(target) & {w.name for w in a.worlds["pretrain"]}
     # the split seeds do not change the worlds: one world set for train, val and test
     assert a.generate(1, 8)[0].world == a.generate(2, 8)[0].world
 
@@ -66,8 +68,7 @@ def test_conventions_draw_from_n_options():
         for w in env.worlds["target"] + env.worlds["pretrain"]:
             fam = FAMILIES[w.family]
             for slot, value in w.conventions:
-                options = ORDERS if slot == "order" else fam.pools[slot][:n]
-                assert value in options
+                assert value in fam.pools[slot][:n]
         seen = Counter(w.conv["op"] for w in env.worlds["pretrain"] if w.family == "bank")
         assert set(seen) == set(FAMILIES["bank"].pools["op"][:n])  # every option is used
 
@@ -144,10 +145,8 @@ def test_successful_trajectory_reveals_tool_conventions():
         c = t.spec["conventions"]
         assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], FAMILIES[t.family].closing]
         op = next(a for a in actions if a[0] == c["op"])
-        assert op[-1] == c["unit"]
-        fam = FAMILIES[t.family]
-        a, b = fam.op_args(t.spec)
-        assert op[1:3] == ([a, b] if c["order"] == "fwd" else [b, a])
+        assert op[1] == c["unit"]
+        assert op[2:4] == list(FAMILIES[t.family].op_args(t.spec))
         # and a same-world task is solved with the same tool names and unit
         peer = next(u for u in tasks if u.world == t.world and u.task_id != t.task_id)
         assert peer.spec["conventions"] == c
@@ -172,13 +171,10 @@ def test_wrong_tool_convention_lowers_reward():
         right = env.solve(t)
         _, r = run_actions(env, t, right)
         assert r == 1.0
-        for slot in ("prereq", "op", "unit", "order"):
-            opts = ORDERS if slot == "order" else FAMILIES[t.family].pools[slot][:n]
-            for other in _wrong(opts, c[slot]):
+        for slot in ("prereq", "op", "unit"):
+            for other in _wrong(FAMILIES[t.family].pools[slot][:n], c[slot]):
                 bad = dict(t.spec, conventions={**c, slot: other})
                 wrong_actions = FAMILIES[t.family].solve(bad)
-                if wrong_actions == right:  # (swapping identical arguments changes nothing)
-                    continue
                 _, rw = run_actions(env, t, wrong_actions)
                 assert rw < 1.0, (t.task_id, slot, other, wrong_actions)
 

@@ -121,8 +121,8 @@ class WorldConfig:
     params, as in unit tests) are params.yaml's.
     """
 
-    n_target: int = 8
-    n_pretrain: int = 240
+    n_target: int = 16
+    n_pretrain: int = 1440
     n_options: int = 2
     null_world: bool = False
     seed: int = 1234
@@ -157,35 +157,46 @@ def draw_conventions(rng: random.Random, slots: dict[str, list[str]], n_options:
 
 
 # A world's name is two syllables ("ke ro"): every syllable is seen in pretraining, so a
-# target world's name is made of trained tokens, while the pair itself is new; and with
-# many pretraining worlds, a name is a weak key to memorise conventions by, so pretraining
-# pays for reading them from experience instead.
+# target world's name is made of trained tokens, while the pair itself is new. Target worlds
+# take distinct names; pretraining worlds cycle through the remaining names, so one name
+# stands for several pretraining worlds with independent conventions: a name is then a
+# useless key to memorise conventions by, and pretraining pays only for reading them from
+# experience (with one world per name, a 300k-parameter model memorised names instead).
 SYLLABLES = ["ba", "ke", "di", "fo", "gu", "ha", "ji", "lo", "mu", "ne", "pi", "ro", "sa", "tu", "vo", "ze"]
-MAX_WORLDS = len(SYLLABLES) ** 2
+MAX_WORLDS = len(SYLLABLES) ** 2  # distinct names; target worlds must leave some for pretraining
 
 
-def world_names(domain: str, n: int, seed: int) -> list[str]:
-    """``n`` distinct two-syllable names, a seeded draw per domain."""
-    if n > MAX_WORLDS:
-        raise ValueError(f"at most {MAX_WORLDS} worlds per domain, asked for {n}")
+def world_names(domain: str, n_target: int, n_pretrain: int, seed: int) -> tuple[list[str], list[str]]:
+    """(target names, pretraining names): ``n_target`` distinct two-syllable names, a seeded draw
+    per domain, and ``n_pretrain`` names cycling through the other ``MAX_WORLDS - n_target``."""
+    if n_target >= MAX_WORLDS:
+        raise ValueError(f"at most {MAX_WORLDS - 1} target worlds per domain, asked for {n_target}")
     names = [f"{a} {b}" for a in SYLLABLES for b in SYLLABLES]
     random.Random(json.dumps([seed, domain, "world-names"])).shuffle(names)
-    return names[:n]
+    rest = names[n_target:]
+    return names[:n_target], [rest[j % len(rest)] for j in range(n_pretrain)]
 
 
 def make_worlds(domain: str, families: list[str], slots_of, cfg: WorldConfig) -> dict[str, list[World]]:
     """The target and pretraining worlds of a domain, a pure function of ``cfg`` (not of the
     split seeds). World ``i`` belongs to ``families[i % F]``; target worlds are
     ``0..n_target-1``, pretraining worlds follow. ``slots_of(family)`` gives the family's
-    convention slots and their options."""
+    convention slots and their options. Pretraining worlds may share a name (see
+    :func:`world_names`); a world is its (name, family, conventions), see :func:`world_key`."""
     out: dict[str, list[World]] = {p: [] for p in POOLS}
-    names = world_names(domain, cfg.n_target + cfg.n_pretrain, cfg.seed)
-    for i, name in enumerate(names):
+    target, pretrain = world_names(domain, cfg.n_target, cfg.n_pretrain, cfg.seed)
+    for i, name in enumerate(target + pretrain):
         family = families[i % len(families)]
         conv = draw_conventions(task_rng(cfg.seed, domain, "world", i), slots_of(family), cfg.n_options)
         pool = "target" if i < cfg.n_target else "pretrain"
         out[pool].append(World(name, domain, family, pool, tuple(sorted(conv.items()))))
     return out
+
+
+def world_key(task: "Task") -> tuple[str, str, str]:
+    """What makes two tasks same-world: the name, the family and the conventions they are
+    verified against (pretraining names are shared by several worlds)."""
+    return task.world, task.family, json.dumps(task.spec.get("conventions", {}), sort_keys=True)
 
 
 def task_conventions(world: World, cfg: WorldConfig, slots: dict[str, list[str]], seed: int, i: int) -> dict[str, str]:

@@ -4,11 +4,11 @@ Each *family* (:mod:`lopd.envs.tool_families`) has a procedure — a prerequisit
 operation on two arguments, the family's closing call — and each *world* — a seeded instance
 of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: which
 tool name performs the prerequisite (a required preceding call), which performs the
-operation, the order of the operation's two arguments, and the unit word its value must
-carry. A prompt names its world and states the goal, never the conventions; a successful
+operation, and the unit word the operation carries (``<op> <unit> A B``). A prompt names its world and states the goal, never the conventions; a successful
 trajectory in the same world shows all of them. Wrong conventions fail: an unknown tool name
-is ``error unknown``, a wrong unit ``error unit``, swapped arguments do not parse or address
-the wrong thing, an operation before its prerequisite is refused.
+is ``error unknown``, a wrong unit ``error unit``, an operation before its prerequisite is
+refused. (An argument-order convention was tried and dropped: a two-layer model could not
+read it from experience, so it only lowered every condition alike.)
 
 Protocol: the policy emits one action per turn (``"<tool> <args...>"``), the environment
 answers with an observation; the episode ends when the family's closing tool is called or
@@ -24,7 +24,7 @@ from typing import Any
 from lopd.envs.base import (POOLS, SYLLABLES, StepResult, Task, WorldConfig, make_worlds, task_conventions,
                             task_rng, worlds_summary)
 from lopd.envs.tool_families import (AGENTS, DIGITS, FAMILIES, ITEMS, MAX_OPTIONS, OBS_WORDS,  # noqa: F401
-                                     ORDERS, PROMPT_WORDS, USERS, Family, State, split_action)
+                                     PROMPT_WORDS, USERS, Family, State, split_action)
 
 
 class ToolEpisode:

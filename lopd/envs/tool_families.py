@@ -2,8 +2,7 @@
 
 A family fixes a procedure — a prerequisite call, an operation on two arguments, a closing
 call — and the option pools a world's conventions are drawn from: the tool name of each
-step, the unit word the operation's value carries, and the order of the operation's two
-arguments. :class:`Family` applies the conventions; subclasses say what each step does.
+step and the unit word the operation carries. :class:`Family` applies the conventions; subclasses say what each step does.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ ITEMS = ["apple", "bolt", "cable", "drill", "glue"]
 USERS = ["ana", "bob", "cy", "dee", "eve"]
 AGENTS = ["kim", "lee", "max", "ned"]
 DIGITS = [str(i) for i in range(10)]
-ORDERS = ["fwd", "rev"]  # the operation's two arguments as the prompt states them, or swapped
 MAX_OPTIONS = 4  # every tool-name/unit slot has this many options
 
 
@@ -37,7 +35,7 @@ def split_action(action: str) -> list[str]:
 class Family(ABC):
     """One family: its option pools, goal, rules and scripted solver. Subclasses say what
     the prerequisite and the operation do and when the goal is reached; the conventions
-    (names, order, unit) are applied here, so every family obeys them the same way.
+    (names, unit) are applied here, so every family obeys them the same way.
 
     Goal checks of the final state (reward = fraction met): the prerequisite was done, the
     goal state was reached, and the family's closing call was made once the goal held (a
@@ -49,7 +47,7 @@ class Family(ABC):
     extra_tools: tuple[str, ...] = ()
 
     def slots(self) -> dict[str, list[str]]:
-        return {**self.pools, "order": ORDERS}
+        return dict(self.pools)
 
     @abstractmethod
     def make(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
@@ -71,11 +69,11 @@ class Family(ABC):
 
     @abstractmethod
     def op_args(self, spec: dict) -> tuple[str, str]:
-        """The operation's two arguments in prompt ("fwd") order."""
+        """The operation's two arguments, in prompt order."""
 
     @abstractmethod
     def on_op(self, st: State, a: str, b: str) -> str:
-        """Apply the operation on its (re-ordered to fwd) arguments; return the observation."""
+        """Apply the operation on its two arguments; return the observation."""
 
     @abstractmethod
     def goal_reached(self, st: State) -> bool: ...
@@ -113,9 +111,9 @@ class Family(ABC):
         if w[0] == c["op"]:
             if len(w) != 4:
                 return "error args"
-            if w[3] != c["unit"]:
+            if w[1] != c["unit"]:
                 return "error unit"
-            a, b = (w[1], w[2]) if c["order"] == "fwd" else (w[2], w[1])
+            a, b = w[2], w[3]
             return self.on_op(st, a, b)
         if w[0] == self.closing:
             return self.on_close(st, w[1:])
@@ -126,14 +124,12 @@ class Family(ABC):
     def solve(self, spec: dict) -> list[str]:
         c = spec["conventions"]
         a, b = self.op_args(spec)
-        if c["order"] == "rev":
-            a, b = b, a
         return [" ".join([c["prereq"], *self.prereq_args(spec)]), *self.extra_steps(spec),
-                f"{c['op']} {a} {b} {c['unit']}", " ".join([self.closing, *self.close_args(spec)])]
+                f"{c['op']} {c['unit']} {a} {b}", " ".join([self.closing, *self.close_args(spec)])]
 
 
 class Inventory(Family):
-    """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> ITEM QTY <unit>``."""
+    """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> <unit> ITEM QTY``."""
 
     name, closing = "inventory", "commit"
     pools = {"prereq": ["lookup", "count", "scan", "audit"], "op": ["put", "store", "write", "update"],
@@ -178,7 +174,7 @@ class Inventory(Family):
 
 
 class Bank(Family):
-    """Prerequisite ``<prereq>`` (authenticates) before ``<op> USER AMOUNT <unit>``."""
+    """Prerequisite ``<prereq>`` (authenticates) before ``<op> <unit> USER AMOUNT``."""
 
     name, closing = "bank", "logout"
     pools = {"prereq": ["auth", "login", "verify", "unlock"], "op": ["pay", "transfer", "wire", "remit"],
@@ -223,7 +219,7 @@ class Bank(Family):
 
 class Thermo(Family):
     """Prerequisite ``<prereq> ROOM`` (reads the current temperature) before
-    ``<op> ROOM TARGET <unit>``, which also needs ``mode heat`` when raising and ``mode cool``
+    ``<op> <unit> ROOM TARGET``, which also needs ``mode heat`` when raising and ``mode cool``
     when lowering the reading (``mode`` is not a convention: the reading decides it)."""
 
     name, closing = "thermo", "save"
@@ -284,7 +280,7 @@ class Thermo(Family):
 
 
 class Ticket(Family):
-    """Prerequisite ``<prereq> ID`` (finds the ticket) before ``<op> ID AGENT <unit>``;
+    """Prerequisite ``<prereq> ID`` (finds the ticket) before ``<op> <unit> ID AGENT``;
     ``close ID`` ends the episode."""
 
     name, closing = "ticket", "close"
