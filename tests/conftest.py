@@ -26,8 +26,8 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY = {
-    "envs": {"n_train": 48, "n_val": 16, "n_test": 16},
-    "base": {"steps": 250},
+    "envs": {"n_train": 48, "n_val": 16, "n_test": 16, "n_target_worlds": 4, "n_pretrain_worlds": 96},
+    "base": {"steps": 400},  # (as profiles/smoke.yaml: enough for the bank to hold successes)
     "bank": {"rollouts_per_task": 2},
     "cold_start": {"steps": 4, "batch_size": 8},
     "train": {"seeds": [0, 1], "steps": 2, "tasks_per_step": 8, "val_every": 2, "val_tasks": 8,

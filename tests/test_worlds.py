@@ -259,3 +259,12 @@ def test_encode_demo_masks():
     ids2, mask2 = encode_demo(fmt, demo, context_loss=True)
     assert ids2 == ids
     assert mask2 == [0] * 10 + [1, 1] + [0] * 4 + [1] * 5 + [0] * 10 + [1, 1]
+
+
+def test_params_limit_on_target_worlds_matches_the_name_pool():
+    """config.EnvParams caps n_target_worlds without importing the environments; the cap must
+    leave at least one of the MAX_WORLDS names to the pretraining worlds."""
+    from lopd.config import EnvParams
+    from lopd.envs.base import MAX_WORLDS
+
+    assert EnvParams.model_fields["n_target_worlds"].metadata[-1].le == MAX_WORLDS - 1
