@@ -214,8 +214,13 @@ def test_base_pretraining_uses_pretraining_worlds_only():
     from lopd.base_policy import pretraining_demos, pretraining_seed, trajectory
     from lopd.evaluate import make_envs
 
-    p = default_params({"envs": {"n_pretrain_worlds": 8}, "base": {"tasks_per_world": 4, "demos_per_task": 2}})
+    # 254 target worlds leave 2 names for 8 pretraining worlds: each name is shared by 4 worlds
+    p = default_params({"envs": {"n_target_worlds": 254, "n_pretrain_worlds": 8},
+                        "base": {"tasks_per_world": 4, "demos_per_task": 2}})
     envs = make_envs(p)
+    for e in envs.values():
+        assert len({w.name for w in e.worlds["pretrain"]}) == 2
+        assert not {w.name for w in e.worlds["pretrain"]} & {w.name for w in e.worlds["target"]}
     demos = pretraining_demos(envs, p.base, p.envs.seed)
     assert len(demos) == 2 * 4 * 8 * len(envs)
     pre = {w.name: d for d, e in envs.items() for w in e.worlds["pretrain"]}
@@ -230,6 +235,8 @@ def test_base_pretraining_uses_pretraining_worlds_only():
         for cid, ctx in zip(demo.context_task_ids, demo.context):  # same world, another task, a success
             u = tasks[cid]
             assert cid != t.task_id and u.world == t.world
+            # a shared name is not enough: the context comes from the demo's own world
+            assert u.family == t.family and u.spec["conventions"] == t.spec["conventions"]
             env = envs[u.domain]
             assert ctx == trajectory(env, u, env.solve(u))
             if env.max_turns > 1:
