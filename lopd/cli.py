@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--seed", type=int, required=True)
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
+    f = sub.add_parser("fingerprint", help="hash the code deps a dvc.yaml stage declares (code_train, "
+                                           "code_evaluate) into that stage's output")
+    f.add_argument("stage", help="the dvc.yaml stage whose deps are hashed, e.g. code_train")
     sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
@@ -138,6 +141,8 @@ def _dispatch(args, start_recording=lambda: None) -> int:
         from lopd.lockguard import guarded_repro
 
         return guarded_repro(args.dvc_args)
+    if args.cmd == "fingerprint":
+        return _fingerprint(args, start_recording)
     params = load_params(args.params, args.profile)
     start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
     if args.cmd == "validate":
@@ -151,6 +156,23 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
     with _timed(paths, args.cmd):
         _run_stage(stage, params, paths, args)
+    return 0
+
+
+def _fingerprint(args, start_recording) -> int:
+    """``lopd fingerprint <stage>``: the code stage of a matrix stage kind (dvc.yaml ``code_train``,
+    ``code_evaluate``). It reads no params; the modules it imports (this one, lopd.utils and what
+    every stage imports) are among the deps it hashes, so a change to them reruns it too."""
+    from lopd.lockguard import snapshot_for_stage
+    from lopd.paths import Paths
+    from lopd.utils import write_code_fingerprint
+
+    start_recording()
+    paths = Paths.for_params(args.params)
+    snapshot_for_stage()  # under DVC: as every stage does (issue 16)
+    with _timed(paths, args.cmd):
+        out, fp = write_code_fingerprint(paths.root, args.stage)
+    print(f"{args.stage}: {len(fp['files'])} files, sha256 {fp['sha256'][:16]}… -> {os.path.relpath(out, paths.root)}")
     return 0
 
 

@@ -82,6 +82,88 @@ def sha256_path(path: str | Path) -> str:
     return "missing"
 
 
+# --------------------------------------------------------------------------- code fingerprints
+FINGERPRINT_SKIP_DIRS = ("__pycache__",)
+FINGERPRINT_SKIP_SUFFIXES = (".pyc",)  # bytecode is not source (.dvcignore keeps it out of DVC's hashes too)
+
+
+def _stage_stanza(root: Path, stage: str) -> tuple[list[str], str, Path]:
+    """``stage``'s deps and its one output from ``<root>/dvc.yaml``, and the directory they are relative to."""
+    import yaml
+
+    from lopd.errors import BadInput
+
+    dvc_yaml = root / "dvc.yaml"
+    try:
+        doc = yaml.safe_load(dvc_yaml.read_text()) or {}
+    except OSError as e:
+        raise BadInput(f"{dvc_yaml}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise BadInput(f"{dvc_yaml}: not valid YAML: {e}") from None
+    stages = doc.get("stages") if isinstance(doc, dict) else None
+    st = stages.get(stage) if isinstance(stages, dict) else None
+    if not isinstance(st, dict):
+        code = sorted(n for n in (stages or {}) if str(n).startswith("code_"))
+        raise BadInput(f"{dvc_yaml}: no stage {stage!r} to fingerprint (code stages: {', '.join(code) or 'none'})")
+    if "matrix" in st or "foreach" in st:
+        raise BadInput(f"{dvc_yaml}: stage {stage!r} is a matrix/foreach stage; a fingerprint stage is a single stage")
+    deps, outs = st.get("deps") or [], st.get("outs") or []
+    if not isinstance(deps, list) or not deps or not all(isinstance(d, str) for d in deps):
+        raise BadInput(f"{dvc_yaml}: stage {stage!r} needs a non-empty list of path deps to fingerprint")
+    templated = [d for d in deps if "${" in d]
+    if templated:
+        raise BadInput(f"{dvc_yaml}: stage {stage!r}: templated deps cannot be fingerprinted: {templated}")
+    paths = [next(iter(o)) if isinstance(o, dict) and len(o) == 1 else o for o in outs]
+    if len(paths) != 1 or not isinstance(paths[0], str) or "${" in paths[0]:
+        raise BadInput(f"{dvc_yaml}: stage {stage!r} must declare exactly one output (the fingerprint file), not {outs}")
+    return deps, paths[0], root / str(st.get("wdir") or ".")
+
+
+def _fingerprint_files(base: Path, dep: str) -> list[Path]:
+    p = base / dep
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        return []
+    out = []
+    for d, dirs, files in os.walk(p):
+        dirs[:] = sorted(x for x in dirs if x not in FINGERPRINT_SKIP_DIRS)
+        out += [Path(d) / f for f in files if not f.endswith(FINGERPRINT_SKIP_SUFFIXES)]
+    return out
+
+
+def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
+    """The fingerprint of the code a stage kind runs: the SHA-256 of every file in the deps that
+    ``stage`` declares in ``<root>/dvc.yaml`` (directories recursively, bytecode skipped), keyed by
+    repo-relative path and sorted, and one SHA-256 over all of them (of the lines ``<sha256>  <path>``,
+    like ``sha256sum``). Returns the stage's output path and the fingerprint. A declared dep that does
+    not exist is bad input (:class:`lopd.errors.BadInput`)."""
+    from lopd.errors import BadInput
+
+    root = Path(root).resolve()
+    deps, out, base = _stage_stanza(root, stage)
+    files: dict[str, str] = {}
+    missing = []
+    for dep in deps:
+        found = _fingerprint_files(base, dep)
+        if not found and not (base / dep).is_dir():
+            missing.append(dep)
+        for f in found:
+            files[Path(os.path.relpath(f, root)).as_posix()] = sha256_file(f)
+    if missing:
+        raise BadInput(f"stage {stage!r}: declared code dep(s) not found under {base}: {', '.join(missing)}")
+    files = dict(sorted(files.items()))
+    overall = hashlib.sha256("".join(f"{h}  {p}\n" for p, h in files.items()).encode()).hexdigest()
+    return base / out, {"stage": stage, "sha256": overall, "files": files}
+
+
+def write_code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
+    """Compute :func:`code_fingerprint` and write it (deterministic JSON, atomically) to the stage's output."""
+    out, fp = code_fingerprint(root, stage)
+    write_json(out, fp)
+    return out, fp
+
+
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 

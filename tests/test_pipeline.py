@@ -33,6 +33,68 @@ def test_only_evaluate_depends_on_the_test_split():
             k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
 
 
+def test_matrix_stages_declare_their_code_through_one_fingerprint():
+    """train/evaluate (and their _extra twins) depend on the output of code_train/code_evaluate, which
+    holds the code list; they list no code themselves. The fingerprint is a small uncached file that
+    git ignores, written by `lopd fingerprint <its own stage>`."""
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    ignored = (REPO / ".gitignore").read_text().split()
+    for kind in ("train", "evaluate"):
+        code = dvc["stages"][f"code_{kind}"]
+        assert code["cmd"] == f"lopd fingerprint code_{kind}" and "params" not in code and "matrix" not in code
+        [out] = code["outs"]
+        [path] = out
+        assert out[path] == {"cache": False} and f"/{path.split('/')[0]}/" in ignored, out
+        assert all(str(d).startswith("lopd") for d in code["deps"])
+        for stage in (kind, f"{kind}_extra"):
+            deps = [str(d) for d in dvc["stages"][stage]["deps"]]
+            assert path in deps and not [d for d in deps if d.startswith("lopd")], stage
+
+
+def _fingerprint_ws(root: Path, deps: list[str]) -> Path:
+    (root / "lopd" / "sub" / "__pycache__").mkdir(parents=True)
+    (root / "lopd" / "a.py").write_text("a = 1\n")
+    (root / "lopd" / "sub" / "b.py").write_text("b = 2\n")
+    (root / "lopd" / "sub" / "b.pyc").write_bytes(b"bytecode")
+    (root / "lopd" / "sub" / "__pycache__" / "b.cpython-312.pyc").write_bytes(b"bytecode")
+    (root / "params.yaml").write_text("{}\n")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"code_x": {
+        "cmd": "lopd fingerprint code_x", "deps": deps, "outs": [{"fp/x.json": {"cache": False}}]}}}))
+    return root
+
+
+def test_fingerprint_hashes_the_files_its_stanza_declares(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    from lopd.cli import run_in_process
+
+    monkeypatch.delenv("LOPD_ROOT", raising=False)
+    monkeypatch.delenv("LOPD_RECORD_DIR", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    root = _fingerprint_ws(tmp_path, ["lopd/a.py", "lopd/sub"])
+    assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_x"]) == 0
+    out = root / "fp" / "x.json"
+    first = out.read_bytes()
+    fp = json.loads(first)
+    sha = {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in ("lopd/a.py", "lopd/sub/b.py")}
+    assert fp["files"] == sha and list(fp["files"]) == sorted(sha)  # bytecode and __pycache__ skipped
+    assert fp["sha256"] == hashlib.sha256("".join(f"{h}  {f}\n" for f, h in sha.items()).encode()).hexdigest()
+    assert [p.name for p in out.parent.iterdir()] == ["x.json"]  # no temp file left
+    assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_x"]) == 0
+    assert out.read_bytes() == first  # deterministic
+    (root / "lopd" / "sub" / "b.py").write_text("b = 3\n")
+    assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_x"]) == 0
+    assert json.loads(out.read_text())["sha256"] != fp["sha256"]
+    capsys.readouterr()
+    # a declared file that is missing, and an unknown stage: bad input (exit 2) naming it
+    (root / "lopd" / "a.py").unlink()
+    assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_x"]) == 2
+    err = capsys.readouterr().err
+    assert "code_x" in err and "lopd/a.py" in err and "not found" in err
+    assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_y"]) == 2
+    assert "no stage 'code_y'" in capsys.readouterr().err
+
+
 def test_detector_catches_a_test_dependency():
     """The check above can fail: a stage depending on test.jsonl or the whole splits dir is caught."""
     bad = {"stages": {"hpo": {"deps": ["data/splits/val.jsonl", "data/splits/test.jsonl"]},
@@ -150,6 +212,31 @@ def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
     want = {f"train@{a}-{new}" for a in arms} | {f"evaluate@{a}-{new}" for a in arms} | {"report"}
     assert set(_ran(r.stdout)) == want, sorted(set(_ran(r.stdout)) ^ want)
     assert all(p.read_bytes() == b for p, b in old.items())
+
+
+def test_a_code_change_reruns_its_stage_kind_through_the_fingerprint(smoke_recorded, tmp_path):
+    """A change to a file only code_train lists: code_train is out of date; once it has rerun, its new
+    fingerprint puts every train item (and train_extra item) out of date and nothing else. A
+    fingerprint rerun on unchanged code changes nothing downstream."""
+    repo = _copy(smoke_recorded, tmp_path / "repo")
+
+    def status() -> set[str]:
+        r = run_cmd([str(BIN / "dvc"), "status", "--json"], repo, 300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return set(json.loads(r.stdout or "{}"))
+
+    (repo / "fingerprints" / "evaluate.json").unlink()  # uncached: rewritten with the same bytes
+    r = run_cmd([str(BIN / "dvc"), "repro", "code_evaluate"], repo, 300)
+    assert r.returncode == 0 and _ran(r.stdout) == ["code_evaluate"], r.stdout[-3000:] + r.stderr[-3000:]
+    assert status() == set()
+    with open(repo / "lopd" / "pipeline" / "train.py", "a") as f:
+        f.write("# a code change\n")
+    assert status() == {"code_train"}
+    r = run_cmd([str(BIN / "dvc"), "repro", "code_train"], repo, 300)
+    assert r.returncode == 0 and _ran(r.stdout) == ["code_train"], r.stdout[-3000:] + r.stderr[-3000:]
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    train = {s for s in lock if s.startswith(("train@", "train_extra@"))}
+    assert train and status() == train
 
 
 def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_recorded, tmp_path):

@@ -69,12 +69,19 @@ def _dvc_yaml(hpo_test: bool) -> dict:
         "base": {"cmd": "python stages/base.py", "deps": ["data/splits/train.jsonl", "data/splits/val.jsonl"]},
         "bank": {"cmd": "python stages/bank.py", "deps": ["data/splits/train.jsonl", "models/base"]},
         "hpo": {"cmd": "python stages/hpo.py", "deps": hpo_deps, "outs": ["hpo/best_params.yaml"]},
+        # code fingerprints of the matrix stages (as in dvc.yaml): no data deps, so nothing to flag
+        "code_train": {"cmd": "lopd fingerprint code_train", "deps": ["lopd/data.py", "lopd/training"],
+                       "outs": [{"fingerprints/train.json": {"cache": False}}]},
+        "code_evaluate": {"cmd": "lopd fingerprint code_evaluate", "deps": ["lopd/data.py", "lopd/evaluate.py"],
+                          "outs": [{"fingerprints/evaluate.json": {"cache": False}}]},
         "train": {"matrix": {"arm": list(ARMS), "seed": [0, 1]},
                   "cmd": "python stages/train.py --arm ${item.arm} --seed ${item.seed}",
-                  "deps": ["data/splits/train.jsonl", "data/splits/val.jsonl", "hpo/best_params.yaml"],
+                  "deps": ["data/splits/train.jsonl", "data/splits/val.jsonl", "hpo/best_params.yaml",
+                           "fingerprints/train.json"],
                   "outs": ["runs/${item.arm}-${item.seed}"]},
         "evaluate": {"foreach": ["lopd-0", "grpo-0"], "do": {"cmd": "python stages/evaluate.py ${item}",
-                                                              "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
+                                                              "deps": ["data/splits/test.jsonl", "runs/${item}",
+                                                                       "fingerprints/evaluate.json"]}},
         # the extra-seed repeat of evaluate may read test too (the clean-audit tests check it is not flagged)
         "evaluate_extra": {"foreach": ["lopd-2"], "do": {"cmd": "python stages/evaluate.py ${item}",
                                                          "deps": ["data/splits/test.jsonl", "runs/${item}"]}},
@@ -358,6 +365,8 @@ def test_margin_flags_efficiency_and_clean_audit(planted):
     audit = _read(root, "leakage_audit.md")
     assert CLEAN_LEAKAGE_SENTENCE in audit and "VIOLATION" not in audit and SHA["test"] in audit
     assert summary["leakage_clean"] is True
+    for code in ("code_train", "code_evaluate"):  # listed, with no split deps, and not flagged
+        assert any(ln.startswith(f"| `{code}` | — | — |") for ln in audit.splitlines()), code
 
 
 # --------------------------------------------------------------------------- verdicts
