@@ -186,7 +186,7 @@ def test_distillation_moves_latent_teacher_toward_text_teacher(resources, worksp
     probe_entries = random.Random(7).sample(resources.bank.entries, 12)
     kls = {}
     for w in (0.0, 5.0):
-        c = cp.model_copy(update={"steps": 8, "batch_size": 8, "distill_weight": w, "lr": 0.01})
+        c = cp.model_copy(update={"steps": 24, "batch_size": 8, "distill_weight": w, "lr": 0.01})
         comp, rows = cold_start(resources.bb, resources.bank, emb, c, k_choices=[4])
         assert ("distill_kl" in rows[0]) == (w > 0)
         kls[w] = _measure_kl(resources, comp, emb, probe_entries)
