@@ -50,7 +50,7 @@ def random_policy(arch: str = "qwen3", seed: int = 0):
 
 
 @lru_cache(maxsize=None)
-def trained_backbone(steps: int = 60):
+def trained_backbone(steps: int = 200):
     """A tiny qwen3 trained briefly on scripted demonstrations, wrapped in the LoRA backbone
     with a random (non-zero) student adapter, in student mode."""
     from lopd.base_policy import pretraining_demos, train_on_demos
