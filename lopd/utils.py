@@ -163,7 +163,7 @@ def _value_sha256(value: Any) -> str:
 
 
 def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
-    """The fingerprint of what a stage kind reads: its inputs, code and params. ``files``: the
+    """The fingerprint of what a stage kind runs: its code and the params it reads. ``files``: the
     SHA-256 of every file in the deps ``stage`` declares in ``<root>/dvc.yaml`` (directories
     recursively, bytecode skipped), keyed by repo-relative path; ``params``: the value of every params
     key it declares, read from its directory's ``params.yaml`` (the file DVC tracks them in). One
