@@ -14,12 +14,39 @@ at position ``p`` sees exactly slots ``1..p+1`` — its row's positions ``0..p``
 Face models take a 4-D mask as given, call :meth:`update` once per layer (which scatters
 the chunk into the buffer and returns the first ``W`` slots), and :meth:`commit` then
 advances the lengths. :meth:`keep` drops the rows of finished sequences.
+
+:meth:`packed` serves the lean forward (:class:`~lopd.fast_decoder.FastDecoder`) without
+padding: the chunks' real tokens are packed into one sequence of ``N = Σ n_i`` tokens (so
+linear maps, norms and rotary see no padding columns, which at a step where one row
+prefills an observation would otherwise multiply the work of all rows). Attention runs in
+two groups: every row's *last* new token (one query per row, over the row's cache) and the
+*other* new tokens of the rows that feed several (a padded query block over those rows only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache
+
+
+@dataclass
+class PackedPlan:
+    """Index tensors of one packed forward (see :meth:`RaggedKVCache.packed`). ``N`` packed
+    tokens in row order; ``B`` rows; ``P`` rows feeding more than one token, ``E`` = the most
+    non-last tokens of such a row; ``W`` key slots."""
+
+    pos: torch.Tensor  # (N,) position id of each packed token
+    dest: torch.Tensor  # (N·kv_heads,) row of each token's head in a layer's cache viewed as (rows·heads·slots, dim)
+    last: torch.Tensor  # (B,) packed index of each row's last token
+    last_mask: torch.Tensor  # (B, 1, 1, W): a row's last token sees its row's slots 1..p+1
+    ext_rows: torch.Tensor | None  # (P,) rows with non-last tokens; None at a pure decoding step
+    ext_idx: torch.Tensor | None  # (P, E) packed index of each non-last token (padding repeats a real one)
+    ext_mask: torch.Tensor | None  # (P, 1, E, W)
+    ext_take: torch.Tensor | None  # (M,) real entries of the flattened (P·E) block ...
+    ext_dest: torch.Tensor | None  # (M,) ... and their packed indices
+    width: int
 
 
 class RaggedKVCache(Cache):
@@ -84,6 +111,52 @@ class RaggedKVCache(Cache):
         self.lengths = self.lengths.index_select(0, idx)
         self.keys = [k.index_select(0, idx) for k in self.keys]
         self.values = [v.index_select(0, idx) for v in self.values]
+
+    def packed(self, n_new: list[int], kv_heads: int) -> PackedPlan:
+        """The plan of a packed forward feeding row ``i`` its next ``n_new[i] >= 1`` tokens."""
+        lengths = self.lengths.tolist()
+        if any(n + c > self.capacity for n, c in zip(n_new, lengths)):
+            raise ValueError(f"ragged cache capacity {self.capacity} exceeded")
+        pos, start, ext = [], [], []
+        for i, (c, n) in enumerate(zip(lengths, n_new)):
+            start.append(len(pos))
+            pos += range(c, c + n)
+            if n > 1:
+                ext.append(i)
+        dev, slots = self.device, 1 + self.capacity
+        ends = [s + n - 1 for s, n in zip(start, n_new)]
+        rows = torch.repeat_interleave(torch.arange(len(n_new), device=dev), torch.tensor(n_new, device=dev))
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        heads = torch.arange(kv_heads, device=dev)
+        dest = ((rows[:, None] * kv_heads + heads) * slots + pos_t[:, None] + 1).reshape(-1)
+        width = 1 + max(c + n for c, n in zip(lengths, n_new))
+        key = torch.arange(width, device=dev)
+        last_slot = torch.tensor([c + n for c, n in zip(lengths, n_new)], device=dev)
+        plan = PackedPlan(pos=pos_t, dest=dest, last=torch.tensor(ends, device=dev),
+                          last_mask=((key >= 1) & (key <= last_slot[:, None]))[:, None, None],
+                          ext_rows=None, ext_idx=None, ext_mask=None, ext_take=None, ext_dest=None, width=width)
+        if ext:
+            e = max(n_new[i] for i in ext) - 1
+            idx = [[start[i] + min(j, n_new[i] - 2) for j in range(e)] for i in ext]
+            idx_t = torch.tensor(idx, device=dev)
+            real = [k * e + j for k, i in enumerate(ext) for j in range(n_new[i] - 1)]
+            plan.ext_rows, plan.ext_idx = torch.tensor(ext, device=dev), idx_t
+            plan.ext_mask = ((key >= 1) & (key <= pos_t[idx_t][:, :, None] + 1))[:, None]
+            plan.ext_take = torch.tensor(real, device=dev)
+            plan.ext_dest = idx_t.reshape(-1)[plan.ext_take]
+        self._n_new = torch.tensor(n_new, device=dev)
+        return plan
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, plan: PackedPlan):
+        """Store a packed chunk's keys/values ``(N, heads, dim)`` of layer ``layer_idx``."""
+        if layer_idx == len(self.keys):
+            shape = (self.n_rows, key_states.shape[1], 1 + self.capacity, key_states.shape[-1])
+            self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=self.device))
+            self.values.append(torch.zeros(shape[:-1] + (value_states.shape[-1],), dtype=value_states.dtype,
+                                           device=self.device))
+        for buf, new in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            buf.view(-1, buf.shape[-1]).index_copy_(0, plan.dest, new.reshape(-1, new.shape[-1]).to(buf.dtype))
+        return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max()) if self.n_rows else 0

@@ -131,17 +131,21 @@ def _append_forced(row: _Row, fmt: ChatFormat, obs_ids, max_len: int, max_new_to
 
 def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device, cache_kw: str,
              fast: FastDecoder | None) -> torch.Tensor:
-    """Logits (B, V) at the last token of each row's chunk (left-padded into one batch)."""
+    """Logits (B, V) at the last token of each row's chunk: packed without padding for the lean
+    forward, else left-padded into one batch for the Hugging Face forward."""
+    if fast is not None:
+        plan = cache.packed([len(c) for c in chunks], fast.kv_heads)
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device)
+        logits = fast.packed(ids, plan, cache)
+        cache.commit()
+        return logits.float()
     width = max(len(c) for c in chunks)
     ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in chunks], dtype=torch.long, device=device)
     n_new = torch.tensor([len(c) for c in chunks], dtype=torch.long, device=device)
     pos, mask = cache.plan(n_new, width) if cache is not None else full_sequence_plan(n_new, width)
-    if fast is not None:
-        logits = fast(ids, pos, mask, cache)
-    else:
-        kw = {cache_kw: cache} if cache is not None else {}
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
-                       logits_to_keep=1, **kw).logits[:, -1, :]
+    kw = {cache_kw: cache} if cache is not None else {}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
+                   logits_to_keep=1, **kw).logits[:, -1, :]
     if cache is not None:
         cache.commit()
     return logits.float()
