@@ -9,7 +9,9 @@ turn's prefill costs one forward. Chunks are left-padded to a common width; the
 :class:`~lopd.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
 and gives the model explicit position ids and a 4-D mask, so padding is never attended to.
 For Llama-family models the forward is :class:`~lopd.fast_decoder.FastDecoder` (the same
-arithmetic as the Hugging Face + peft forward, without its per-call Python overhead).
+arithmetic as the Hugging Face + peft forward, without its per-call Python overhead), fed
+the chunks *packed* instead: only real tokens go through the model (a step where a few rows
+prefill an observation would otherwise run every row at that observation's width).
 The next token of every row is chosen at once (:func:`lopd.sampling.choose_tokens`):
 ``argmax`` when greedy, else a Gumbel-max draw keyed by (row seed, position) — a row's draws
 do not depend on the other rows of the batch. A finished row (episode over, or ``max_len``
