@@ -115,37 +115,43 @@ class RaggedKVCache(Cache):
     def packed(self, n_new: list[int], kv_heads: int) -> PackedPlan:
         """The plan of a packed forward feeding row ``i`` its next ``n_new[i] >= 1`` tokens."""
         lengths = self.lengths.tolist()
-        if any(n + c > self.capacity for n, c in zip(n_new, lengths)):
+        ends_at = [c + n for c, n in zip(lengths, n_new)]  # = slot of each row's last token
+        if max(ends_at) > self.capacity:
             raise ValueError(f"ragged cache capacity {self.capacity} exceeded")
-        pos, start, ext = [], [], []
-        for i, (c, n) in enumerate(zip(lengths, n_new)):
-            start.append(len(pos))
-            pos += range(c, c + n)
-            if n > 1:
-                ext.append(i)
-        dev, slots = self.device, 1 + self.capacity
-        ends = [s + n - 1 for s, n in zip(start, n_new)]
-        rows = torch.repeat_interleave(torch.arange(len(n_new), device=dev), torch.tensor(n_new, device=dev))
-        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        dev, slots, n_rows = self.device, 1 + self.capacity, len(n_new)
+        n_t = torch.tensor(n_new, device=dev)
+        rows = torch.arange(n_rows, device=dev)
+        if max(n_new) == 1:  # a pure decoding step: token i is row i's
+            pos, last = self.lengths, rows
+        else:
+            last = n_t.cumsum(0) - 1
+            rows = torch.repeat_interleave(rows, n_t)
+            pos = self.lengths[rows] + torch.arange(len(rows), device=dev) - (last - n_t + 1)[rows]
         heads = torch.arange(kv_heads, device=dev)
-        dest = ((rows[:, None] * kv_heads + heads) * slots + pos_t[:, None] + 1).reshape(-1)
-        width = 1 + max(c + n for c, n in zip(lengths, n_new))
+        width = 1 + max(ends_at)
         key = torch.arange(width, device=dev)
-        last_slot = torch.tensor([c + n for c, n in zip(lengths, n_new)], device=dev)
-        plan = PackedPlan(pos=pos_t, dest=dest, last=torch.tensor(ends, device=dev),
-                          last_mask=((key >= 1) & (key <= last_slot[:, None]))[:, None, None],
+        last_slot = torch.tensor(ends_at, device=dev)
+        plan = PackedPlan(pos=pos, dest=((rows[:, None] * kv_heads + heads) * slots + pos[:, None] + 1).reshape(-1),
+                          last=last, last_mask=((key >= 1) & (key <= last_slot[:, None]))[:, None, None],
                           ext_rows=None, ext_idx=None, ext_mask=None, ext_take=None, ext_dest=None, width=width)
-        if ext:
-            e = max(n_new[i] for i in ext) - 1
-            idx = [[start[i] + min(j, n_new[i] - 2) for j in range(e)] for i in ext]
-            idx_t = torch.tensor(idx, device=dev)
-            real = [k * e + j for k, i in enumerate(ext) for j in range(n_new[i] - 1)]
-            plan.ext_rows, plan.ext_idx = torch.tensor(ext, device=dev), idx_t
-            plan.ext_mask = ((key >= 1) & (key <= pos_t[idx_t][:, :, None] + 1))[:, None]
-            plan.ext_take = torch.tensor(real, device=dev)
-            plan.ext_dest = idx_t.reshape(-1)[plan.ext_take]
-        self._n_new = torch.tensor(n_new, device=dev)
+        if max(n_new) > 1:
+            self._plan_others(plan, n_new, key)
+        self._n_new = n_t
         return plan
+
+    def _plan_others(self, plan: PackedPlan, n_new: list[int], key: torch.Tensor) -> None:
+        """Fill ``plan.ext_*``: the non-last tokens of the rows that feed several, as a padded
+        block (a short row repeats its last such token; the copies' outputs are dropped)."""
+        ext = [i for i, n in enumerate(n_new) if n > 1]
+        last = plan.last.tolist()
+        e = max(n_new[i] for i in ext) - 1
+        idx = torch.tensor([[last[i] - n_new[i] + 1 + min(j, n_new[i] - 2) for j in range(e)] for i in ext],
+                           device=self.device)
+        plan.ext_rows, plan.ext_idx = torch.tensor(ext, device=self.device), idx
+        plan.ext_mask = ((key >= 1) & (key <= plan.pos[idx][:, :, None] + 1))[:, None]
+        plan.ext_take = torch.tensor([k * e + j for k, i in enumerate(ext) for j in range(n_new[i] - 1)],
+                                     device=self.device)
+        plan.ext_dest = idx.reshape(-1)[plan.ext_take]
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, plan: PackedPlan):
         """Store a packed chunk's keys/values ``(N, heads, dim)`` of layer ``layer_idx``."""

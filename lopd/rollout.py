@@ -37,7 +37,7 @@ from lopd.envs.sandboxed import SandboxedEpisode
 from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
-from lopd.sampling import choose_tokens, seeds_from_generator
+from lopd.sampling import choose_tokens, seed_states, seeds_from_generator
 
 ENGINES = ("auto", "hf")
 SCORING_WORKERS = 4  # episodes scored concurrently (each sandboxed program is its own process)
@@ -210,24 +210,26 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
 
     live = [i for i in range(len(rows)) if still_running(i)]
     cache = RaggedKVCache(len(live), max_len, device) if use_cache and live else None
-    seed_of = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
+    # each live row's seed hashed once (its draws then absorb only the position): lives with ``live``
+    states = seed_states(torch.tensor([rows[i].seed for i in live], dtype=torch.long, device=device))
     cache_kw = _cache_kw(model)
     fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
         logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
-        at = torch.tensor(live, dtype=torch.long, device=device)
         positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
-        tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, seeds=seed_of[at],
-                               positions=positions).tolist()
+        tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, positions=positions,
+                               states=states).tolist()
         keep = []
         for j, (i, tok) in enumerate(zip(live, tokens)):
             rows[i].fed = len(rows[i].seq)
             _emit(rows[i], tok, True, fmt, obs_ids)
             if still_running(i):
                 keep.append(j)
-        if cache is not None and len(keep) < len(live):
-            cache.keep(keep)
+        if len(keep) < len(live):
+            states = states[torch.tensor(keep, dtype=torch.long, device=device)]
+            if cache is not None:
+                cache.keep(keep)
         live = [live[j] for j in keep]
 
 
