@@ -139,7 +139,10 @@ def test_inventory_op_before_prereq(env, tasks):
         ep.step("commit")
         assert ep.reward() == 0.0  # closed before the goal held: no check met
         _, r = run_actions(env, t, [_op(t, item, q), f"{_c(t)['prereq']} {item}", "commit"])
-        assert r == pytest.approx(1 / 3)  # only the prerequisite
+        assert r == 0.0  # the prerequisite alone earns nothing: every check needs the goal
+        # the goal reached but never committed: one of the two checks
+        _, r = run_actions(env, t, [f"{_c(t)['prereq']} {item}", _op(t, item, q)])
+        assert r == pytest.approx(1 / 2)
 
 
 def test_bank_op_before_prereq(env, tasks):
@@ -147,15 +150,15 @@ def test_bank_op_before_prereq(env, tasks):
         u, a, c = t.spec["user"], t.spec["amount"], _c(t)
         ep = env.episode(t)
         assert ep.step(_op(t, u, a)).observation == "error denied"
-        assert ep.step(c["prereq"]).observation == "ok"
+        assert ep.step(c["prereq"]).observation == "authed"  # not a bare "ok": it names the step
         assert ep.step("logout").done
-        assert ep.reward() == pytest.approx(1 / 3)
+        assert ep.reward() == 0.0
         # paying twice overshoots the goal
         _, r = run_actions(env, t, [c["prereq"], _op(t, u, a), _op(t, u, a), "logout"])
-        assert r == pytest.approx(1 / 3)
+        assert r == 0.0
         # logging out before paying ends the episode: the payment never happens
         _, r = run_actions(env, t, [c["prereq"], "logout", _op(t, u, a)])
-        assert r == pytest.approx(1 / 3)
+        assert r == 0.0
 
 
 def test_thermo_wrong_mode_room_or_no_read(env, tasks):
@@ -165,10 +168,10 @@ def test_thermo_wrong_mode_room_or_no_read(env, tasks):
         wrong = "cool" if right == "heat" else "heat"
         ep = env.episode(t)
         ep.step(f"{c['prereq']} {s['room']}")
-        ep.step(f"mode {wrong}")
+        assert ep.step(f"mode {wrong}").observation == f"{wrong} on"
         assert ep.step(_op(t, s["room"], s["target"])).observation == "error mode"
         ep.step("save")
-        assert ep.reward() == pytest.approx(1 / 3)
+        assert ep.reward() == 0.0
         # no reading first: refused even with the right mode
         ep = env.episode(t)
         ep.step(f"mode {right}")
@@ -198,7 +201,7 @@ def test_ticket_op_before_prereq(env, tasks):
         # wrong agent
         wrong = next(x for x in ("kim", "lee", "max", "ned") if x != a)
         _, r = run_actions(env, t, [f"{c['prereq']} {i}", _op(t, i, wrong), f"close {i}"])
-        assert r == pytest.approx(1 / 3)
+        assert r == 0.0
 
 
 def test_wrong_unit_and_swapped_arguments(env, tasks):
@@ -237,7 +240,7 @@ def test_reward_in_unit_interval(env, tasks):
             _, r = run_actions(env, t, env.solve(t, rng=rng, noise=noise))
             assert 0.0 <= r <= 1.0
             seen.add(r)
-    assert {0.0, 1 / 3, 2 / 3, 1.0} <= seen
+    assert {0.0, 1 / 2, 1.0} == seen
 
 
 def test_episode_ends_at_max_turns(tasks):
