@@ -57,7 +57,7 @@ def timing(repeats: int) -> None:
     p = params()
     res = load_resources(p, Paths(Path.cwd()), role="train")
     hp = HParams.from_params(p, steps=10_000, val_every=10_000)
-    tracker = Tracker(p.tracking, "bench-step", {"stage": "bench"})
+    tracker = Tracker(p, "bench-step", {"stage": "bench"})
     tr = Trainer(res, ARMS["lopd"], hp, seed=0, tracker=tracker)
     tr.prepare(res.train_tasks)
     bb = res.bb

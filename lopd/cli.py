@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--seed", type=int, required=True)
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
-    f = sub.add_parser("fingerprint", help="hash the code deps a dvc.yaml stage declares (code_train, "
-                                           "code_evaluate) into that stage's output")
+    f = sub.add_parser("fingerprint", help="hash the code deps and params values a dvc.yaml stage declares "
+                                           "(code_train, code_evaluate) into that stage's output")
     f.add_argument("stage", help="the dvc.yaml stage whose deps are hashed, e.g. code_train")
     sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
@@ -161,8 +161,11 @@ def _dispatch(args, start_recording=lambda: None) -> int:
 
 def _fingerprint(args, start_recording) -> int:
     """``lopd fingerprint <stage>``: the code stage of a matrix stage kind (dvc.yaml ``code_train``,
-    ``code_evaluate``). It reads no params; the modules it imports (this one, lopd.utils and what
-    every stage imports) are among the deps it hashes, so a change to them reruns it too."""
+    ``code_evaluate``). It hashes the code deps and the values of the params its
+    stanza declares: what the kind's items read, which DVC then checks once here, not once per item.
+    It reads the params raw, not through the validated config, so none is recorded as read; the
+    modules it imports (this one, lopd.utils, lopd.config and what every stage imports) are among
+    the deps it hashes, so a change to them reruns it too."""
     from lopd.lockguard import snapshot_for_stage
     from lopd.paths import Paths
     from lopd.utils import write_code_fingerprint

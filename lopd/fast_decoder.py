@@ -162,3 +162,51 @@ class FastDecoder:
             x = _apply_rms(h, ly.norm_post)
             h = h + ly.down(ly.act(ly.gate(x)) * ly.up(x))
         return self.lm_head(_apply_rms(h, self.norm)[:, -1:])[:, -1]  # as the HF model: norm, then slice
+
+    @property
+    def kv_heads(self) -> int:
+        return self.layers[0].k.weight.shape[0] // self.layers[0].attn.head_dim
+
+    def packed(self, ids: torch.Tensor, plan, cache) -> torch.Tensor:
+        """Logits (B, V) at each row's last token, from the rows' real tokens ``ids`` (N,) packed
+        in row order (``plan``: :meth:`~lopd.kv_cache.RaggedKVCache.packed`); no padding is
+        computed. The last layer needs only the rows' last tokens past its keys and values."""
+        h = self.backbone.embed_tokens(ids)
+        cos, sin = self.backbone.rotary_emb(h[None], plan.pos[None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads
+        for i, ly in enumerate(self.layers):
+            x = _apply_rms(h, ly.norm_in)
+            hd = (ids.shape[0], -1, ly.attn.head_dim)
+            q, k = ly.q(x).view(hd), ly.k(x).view(hd)
+            if ly.q_norm is not None:
+                q, k = _apply_rms(q, ly.q_norm), _apply_rms(k, ly.k_norm)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            keys, values = cache.write(k, ly.v(x).view(hd), i, plan)
+            keys, values = keys[:, :, : plan.width], values[:, :, : plan.width]
+            a = self._attend(ly, q.index_select(0, plan.last)[:, :, None], keys, values, plan.last_mask)
+            if i == len(self.layers) - 1:
+                h = h.index_select(0, plan.last)  # only the last tokens' logits are wanted
+            elif plan.ext_rows is not None:
+                a = self._attend_all(ly, q, keys, values, a, plan)
+            h = h + ly.o(a.reshape(h.shape[0], -1))
+            x = _apply_rms(h, ly.norm_post)
+            h = h + ly.down(ly.act(ly.gate(x)) * ly.up(x))
+        return self.lm_head(_apply_rms(h, self.norm))
+
+    @staticmethod
+    def _attend(ly: _Layer, q: torch.Tensor, keys, values, mask) -> torch.Tensor:
+        """transformers' SDPA attention of queries (rows, heads, L, dim) → (rows, L, heads, dim)."""
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(ly.attn, q, keys, values, mask, dropout=0.0, scaling=ly.attn.scaling)[0]
+
+    def _attend_all(self, ly: _Layer, q, keys, values, a_last, plan) -> torch.Tensor:
+        """Attention outputs (N, heads, dim) of every packed token: the last tokens' ``a_last``
+        and the other tokens' (a padded block over the rows that feed several)."""
+        q_ext = q[plan.ext_idx].transpose(1, 2)  # (P, heads, E, dim)
+        a_ext = self._attend(ly, q_ext, keys[plan.ext_rows], values[plan.ext_rows], plan.ext_mask)
+        a = q.new_empty(q.shape)
+        a.index_copy_(0, plan.last, a_last[:, 0])
+        a.index_copy_(0, plan.ext_dest, a_ext.reshape(-1, *q.shape[1:])[plan.ext_take])
+        return a

@@ -14,12 +14,39 @@ at position ``p`` sees exactly slots ``1..p+1`` — its row's positions ``0..p``
 Face models take a 4-D mask as given, call :meth:`update` once per layer (which scatters
 the chunk into the buffer and returns the first ``W`` slots), and :meth:`commit` then
 advances the lengths. :meth:`keep` drops the rows of finished sequences.
+
+:meth:`packed` serves the lean forward (:class:`~lopd.fast_decoder.FastDecoder`) without
+padding: the chunks' real tokens are packed into one sequence of ``N = Σ n_i`` tokens (so
+linear maps, norms and rotary see no padding columns, which at a step where one row
+prefills an observation would otherwise multiply the work of all rows). Attention runs in
+two groups: every row's *last* new token (one query per row, over the row's cache) and the
+*other* new tokens of the rows that feed several (a padded query block over those rows only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache
+
+
+@dataclass
+class PackedPlan:
+    """Index tensors of one packed forward (see :meth:`RaggedKVCache.packed`). ``N`` packed
+    tokens in row order; ``B`` rows; ``P`` rows feeding more than one token, ``E`` = the most
+    non-last tokens of such a row; ``W`` key slots."""
+
+    pos: torch.Tensor  # (N,) position id of each packed token
+    dest: torch.Tensor  # (N·kv_heads,) row of each token's head in a layer's cache viewed as (rows·heads·slots, dim)
+    last: torch.Tensor  # (B,) packed index of each row's last token
+    last_mask: torch.Tensor  # (B, 1, 1, W): a row's last token sees its row's slots 1..p+1
+    ext_rows: torch.Tensor | None  # (P,) rows with non-last tokens; None at a pure decoding step
+    ext_idx: torch.Tensor | None  # (P, E) packed index of each non-last token (padding repeats a real one)
+    ext_mask: torch.Tensor | None  # (P, 1, E, W)
+    ext_take: torch.Tensor | None  # (M,) real entries of the flattened (P·E) block ...
+    ext_dest: torch.Tensor | None  # (M,) ... and their packed indices
+    width: int
 
 
 class RaggedKVCache(Cache):
@@ -84,6 +111,58 @@ class RaggedKVCache(Cache):
         self.lengths = self.lengths.index_select(0, idx)
         self.keys = [k.index_select(0, idx) for k in self.keys]
         self.values = [v.index_select(0, idx) for v in self.values]
+
+    def packed(self, n_new: list[int], kv_heads: int) -> PackedPlan:
+        """The plan of a packed forward feeding row ``i`` its next ``n_new[i] >= 1`` tokens."""
+        lengths = self.lengths.tolist()
+        ends_at = [c + n for c, n in zip(lengths, n_new)]  # = slot of each row's last token
+        if max(ends_at) > self.capacity:
+            raise ValueError(f"ragged cache capacity {self.capacity} exceeded")
+        dev, slots, n_rows = self.device, 1 + self.capacity, len(n_new)
+        n_t = torch.tensor(n_new, device=dev)
+        rows = torch.arange(n_rows, device=dev)
+        if max(n_new) == 1:  # a pure decoding step: token i is row i's
+            pos, last = self.lengths, rows
+        else:
+            last = n_t.cumsum(0) - 1
+            rows = torch.repeat_interleave(rows, n_t)
+            pos = self.lengths[rows] + torch.arange(len(rows), device=dev) - (last - n_t + 1)[rows]
+        heads = torch.arange(kv_heads, device=dev)
+        width = 1 + max(ends_at)
+        key = torch.arange(width, device=dev)
+        last_slot = torch.tensor(ends_at, device=dev)
+        plan = PackedPlan(pos=pos, dest=((rows[:, None] * kv_heads + heads) * slots + pos[:, None] + 1).reshape(-1),
+                          last=last, last_mask=((key >= 1) & (key <= last_slot[:, None]))[:, None, None],
+                          ext_rows=None, ext_idx=None, ext_mask=None, ext_take=None, ext_dest=None, width=width)
+        if max(n_new) > 1:
+            self._plan_others(plan, n_new, key)
+        self._n_new = n_t
+        return plan
+
+    def _plan_others(self, plan: PackedPlan, n_new: list[int], key: torch.Tensor) -> None:
+        """Fill ``plan.ext_*``: the non-last tokens of the rows that feed several, as a padded
+        block (a short row repeats its last such token; the copies' outputs are dropped)."""
+        ext = [i for i, n in enumerate(n_new) if n > 1]
+        last = plan.last.tolist()
+        e = max(n_new[i] for i in ext) - 1
+        idx = torch.tensor([[last[i] - n_new[i] + 1 + min(j, n_new[i] - 2) for j in range(e)] for i in ext],
+                           device=self.device)
+        plan.ext_rows, plan.ext_idx = torch.tensor(ext, device=self.device), idx
+        plan.ext_mask = ((key >= 1) & (key <= plan.pos[idx][:, :, None] + 1))[:, None]
+        plan.ext_take = torch.tensor([k * e + j for k, i in enumerate(ext) for j in range(n_new[i] - 1)],
+                                     device=self.device)
+        plan.ext_dest = idx.reshape(-1)[plan.ext_take]
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, plan: PackedPlan):
+        """Store a packed chunk's keys/values ``(N, heads, dim)`` of layer ``layer_idx``."""
+        if layer_idx == len(self.keys):
+            shape = (self.n_rows, key_states.shape[1], 1 + self.capacity, key_states.shape[-1])
+            self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=self.device))
+            self.values.append(torch.zeros(shape[:-1] + (value_states.shape[-1],), dtype=value_states.dtype,
+                                           device=self.device))
+        for buf, new in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            buf.view(-1, buf.shape[-1]).index_copy_(0, plan.dest, new.reshape(-1, new.shape[-1]).to(buf.dtype))
+        return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max()) if self.n_rows else 0

@@ -9,7 +9,9 @@ turn's prefill costs one forward. Chunks are left-padded to a common width; the
 :class:`~lopd.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
 and gives the model explicit position ids and a 4-D mask, so padding is never attended to.
 For Llama-family models the forward is :class:`~lopd.fast_decoder.FastDecoder` (the same
-arithmetic as the Hugging Face + peft forward, without its per-call Python overhead).
+arithmetic as the Hugging Face + peft forward, without its per-call Python overhead), fed
+the chunks *packed* instead: only real tokens go through the model (a step where a few rows
+prefill an observation would otherwise run every row at that observation's width).
 The next token of every row is chosen at once (:func:`lopd.sampling.choose_tokens`):
 ``argmax`` when greedy, else a Gumbel-max draw keyed by (row seed, position) — a row's draws
 do not depend on the other rows of the batch. A finished row (episode over, or ``max_len``
@@ -35,7 +37,7 @@ from lopd.envs.sandboxed import SandboxedEpisode
 from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
-from lopd.sampling import choose_tokens, seeds_from_generator
+from lopd.sampling import choose_tokens, seed_states, seeds_from_generator
 
 ENGINES = ("auto", "hf")
 SCORING_WORKERS = 4  # episodes scored concurrently (each sandboxed program is its own process)
@@ -131,17 +133,21 @@ def _append_forced(row: _Row, fmt: ChatFormat, obs_ids, max_len: int, max_new_to
 
 def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device, cache_kw: str,
              fast: FastDecoder | None) -> torch.Tensor:
-    """Logits (B, V) at the last token of each row's chunk (left-padded into one batch)."""
+    """Logits (B, V) at the last token of each row's chunk: packed without padding for the lean
+    forward, else left-padded into one batch for the Hugging Face forward."""
+    if fast is not None:
+        plan = cache.packed([len(c) for c in chunks], fast.kv_heads)
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device)
+        logits = fast.packed(ids, plan, cache)
+        cache.commit()
+        return logits.float()
     width = max(len(c) for c in chunks)
     ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in chunks], dtype=torch.long, device=device)
     n_new = torch.tensor([len(c) for c in chunks], dtype=torch.long, device=device)
     pos, mask = cache.plan(n_new, width) if cache is not None else full_sequence_plan(n_new, width)
-    if fast is not None:
-        logits = fast(ids, pos, mask, cache)
-    else:
-        kw = {cache_kw: cache} if cache is not None else {}
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
-                       logits_to_keep=1, **kw).logits[:, -1, :]
+    kw = {cache_kw: cache} if cache is not None else {}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None,
+                   logits_to_keep=1, **kw).logits[:, -1, :]
     if cache is not None:
         cache.commit()
     return logits.float()
@@ -204,24 +210,26 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
 
     live = [i for i in range(len(rows)) if still_running(i)]
     cache = RaggedKVCache(len(live), max_len, device) if use_cache and live else None
-    seed_of = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
+    # each live row's seed hashed once (its draws then absorb only the position): lives with ``live``
+    states = seed_states(torch.tensor([rows[i].seed for i in live], dtype=torch.long, device=device))
     cache_kw = _cache_kw(model)
     fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
         logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
-        at = torch.tensor(live, dtype=torch.long, device=device)
         positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
-        tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, seeds=seed_of[at],
-                               positions=positions).tolist()
+        tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, positions=positions,
+                               states=states).tolist()
         keep = []
         for j, (i, tok) in enumerate(zip(live, tokens)):
             rows[i].fed = len(rows[i].seq)
             _emit(rows[i], tok, True, fmt, obs_ids)
             if still_running(i):
                 keep.append(j)
-        if cache is not None and len(keep) < len(live):
-            cache.keep(keep)
+        if len(keep) < len(live):
+            states = states[torch.tensor(keep, dtype=torch.long, device=device)]
+            if cache is not None:
+                cache.keep(keep)
         live = [live[j] for j in keep]
 
 

@@ -45,30 +45,39 @@ def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
     return _VOCAB_TERMS[key]
 
 
-def uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def seed_states(seeds: torch.Tensor) -> torch.Tensor:
+    """The hash state (B,) after absorbing each seed's two 32-bit words: the part of
+    :func:`uniforms` that a row keeps for its whole rollout (computed once per row)."""
+    seeds = seeds.to(torch.long)
+    state = mix32((seeds & _M32) ^ _ROUND[0])
+    return mix32(state ^ ((seeds >> 32) & _M32) ^ _ROUND[1])
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, *,
+             states: torch.Tensor | None = None) -> torch.Tensor:
     """``u[i, v]`` in ``(0, 1)`` (float64) = (hash(seeds[i], positions[i], v) + ½) / 2**32.
 
     ``seeds``: (B,) int64 in ``[0, 2**63)``; ``positions``: (B,) int64 in ``[0, 2**32)``.
     The row state absorbs the seed's two 32-bit words and the position, one hash round each;
-    the vocabulary index enters through a precomputed hashed term.
+    the vocabulary index enters through a precomputed hashed term. ``states``: the rows'
+    :func:`seed_states` if already known (then ``seeds`` is not read).
     """
-    seeds = seeds.to(torch.long)
-    state = mix32((seeds & _M32) ^ _ROUND[0])
-    state = mix32(state ^ ((seeds >> 32) & _M32) ^ _ROUND[1])
+    state = seed_states(seeds) if states is None else states
     state = mix32(state ^ (positions.to(torch.long) & _M32) ^ _ROUND[2])  # (B,)
-    h = mix32(state[:, None] ^ _vocab_term(vocab_size, seeds.device)[None, :])
+    h = mix32(state[:, None] ^ _vocab_term(vocab_size, state.device)[None, :])
     return (h.to(torch.float64) + 0.5) * (1.0 / 2.0**32)
 
 
 def choose_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float, seeds: torch.Tensor | None = None,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
+                  positions: torch.Tensor | None = None, states: torch.Tensor | None = None) -> torch.Tensor:
     """Next tokens (B,) from last-position logits (B, V): ``argmax`` if ``greedy``, else the
-    Gumbel-max draw keyed by (seed, position) of each row."""
+    Gumbel-max draw keyed by (seed, position) of each row (``states``: the seeds'
+    :func:`seed_states`, to skip recomputing them)."""
     if greedy:
         return logits.argmax(-1)
     if temperature <= 0:
         raise ValueError(f"sampling temperature must be > 0 (got {temperature})")
-    g = -torch.log(-torch.log(uniforms(seeds, positions, logits.shape[-1])))
+    g = -torch.log(-torch.log(uniforms(seeds, positions, logits.shape[-1], states=states)))
     return (logits.to(torch.float64) / temperature + g).argmax(-1)
 
 

@@ -87,8 +87,9 @@ FINGERPRINT_SKIP_DIRS = ("__pycache__",)
 FINGERPRINT_SKIP_SUFFIXES = (".pyc",)  # bytecode is not source (.dvcignore keeps it out of DVC's hashes too)
 
 
-def _stage_stanza(root: Path, stage: str) -> tuple[list[str], str, Path]:
-    """``stage``'s deps and its one output from ``<root>/dvc.yaml``, and the directory they are relative to."""
+def _stage_stanza(root: Path, stage: str) -> tuple[list[str], list[str], str, Path]:
+    """``stage``'s deps, params keys and one output from ``<root>/dvc.yaml``, and the directory they are
+    relative to."""
     import yaml
 
     from lopd.errors import BadInput
@@ -107,16 +108,19 @@ def _stage_stanza(root: Path, stage: str) -> tuple[list[str], str, Path]:
         raise BadInput(f"{dvc_yaml}: no stage {stage!r} to fingerprint (code stages: {', '.join(code) or 'none'})")
     if "matrix" in st or "foreach" in st:
         raise BadInput(f"{dvc_yaml}: stage {stage!r} is a matrix/foreach stage; a fingerprint stage is a single stage")
-    deps, outs = st.get("deps") or [], st.get("outs") or []
+    deps, params, outs = st.get("deps") or [], st.get("params") or [], st.get("outs") or []
     if not isinstance(deps, list) or not deps or not all(isinstance(d, str) for d in deps):
         raise BadInput(f"{dvc_yaml}: stage {stage!r} needs a non-empty list of path deps to fingerprint")
     templated = [d for d in deps if "${" in d]
     if templated:
         raise BadInput(f"{dvc_yaml}: stage {stage!r}: templated deps cannot be fingerprinted: {templated}")
+    if not isinstance(params, list) or not all(isinstance(k, str) and k and "${" not in k for k in params):
+        raise BadInput(f"{dvc_yaml}: stage {stage!r}: params must be a list of params.yaml keys (a section or "
+                       f"section.key), not {params}")
     paths = [next(iter(o)) if isinstance(o, dict) and len(o) == 1 else o for o in outs]
     if len(paths) != 1 or not isinstance(paths[0], str) or "${" in paths[0]:
         raise BadInput(f"{dvc_yaml}: stage {stage!r} must declare exactly one output (the fingerprint file), not {outs}")
-    return deps, paths[0], root / str(st.get("wdir") or ".")
+    return deps, params, paths[0], root / str(st.get("wdir") or ".")
 
 
 def _fingerprint_files(base: Path, dep: str) -> list[Path]:
@@ -132,16 +136,44 @@ def _fingerprint_files(base: Path, dep: str) -> list[Path]:
     return out
 
 
+def param_values(params_file: Path, keys: list[str], stage: str) -> dict[str, Any]:
+    """The value of each key in ``params_file``, sorted by key: ``a.b`` is ``raw["a"]["b"]`` and a bare
+    section name is the whole section (as DVC resolves a stage's params). A missing key is bad input."""
+    from lopd.config import read_yaml_mapping
+    from lopd.errors import BadInput
+
+    raw = read_yaml_mapping(params_file)
+    values, missing = {}, []
+    for key in keys:
+        node: Any = raw
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                missing.append(key)
+                break
+            node = node[part]
+        else:
+            values[key] = node
+    if missing:
+        raise BadInput(f"stage {stage!r}: declared params key(s) not in {params_file}: {', '.join(missing)}")
+    return dict(sorted(values.items()))
+
+
+def _value_sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
-    """The fingerprint of the code a stage kind runs: the SHA-256 of every file in the deps that
-    ``stage`` declares in ``<root>/dvc.yaml`` (directories recursively, bytecode skipped), keyed by
-    repo-relative path and sorted, and one SHA-256 over all of them (of the lines ``<sha256>  <path>``,
-    like ``sha256sum``). Returns the stage's output path and the fingerprint. A declared dep that does
-    not exist is bad input (:class:`lopd.errors.BadInput`)."""
+    """The fingerprint of what a stage kind runs: its code and the params it reads. ``files``: the
+    SHA-256 of every file in the deps ``stage`` declares in ``<root>/dvc.yaml`` (directories
+    recursively, bytecode skipped), keyed by repo-relative path; ``params``: the value of every params
+    key it declares, read from its directory's ``params.yaml`` (the file DVC tracks them in). One
+    SHA-256 covers both: of the lines ``<sha256>  <path>`` (like ``sha256sum``), then one line
+    ``<sha256 of the value's sorted-key JSON>  params.yaml:<key>`` per key. Returns the stage's output
+    path and the fingerprint. A declared dep or key that does not exist is bad input."""
     from lopd.errors import BadInput
 
     root = Path(root).resolve()
-    deps, out, base = _stage_stanza(root, stage)
+    deps, keys, out, base = _stage_stanza(root, stage)
     files: dict[str, str] = {}
     missing = []
     for dep in deps:
@@ -151,10 +183,13 @@ def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
         for f in found:
             files[Path(os.path.relpath(f, root)).as_posix()] = sha256_file(f)
     if missing:
-        raise BadInput(f"stage {stage!r}: declared code dep(s) not found under {base}: {', '.join(missing)}")
+        raise BadInput(f"stage {stage!r}: declared dep(s) not found under {base}: {', '.join(missing)}")
     files = dict(sorted(files.items()))
-    overall = hashlib.sha256("".join(f"{h}  {p}\n" for p, h in files.items()).encode()).hexdigest()
-    return base / out, {"stage": stage, "sha256": overall, "files": files}
+    params = param_values(base / "params.yaml", keys, stage) if keys else {}
+    lines = [f"{h}  {p}\n" for p, h in files.items()]
+    lines += [f"{_value_sha256(v)}  params.yaml:{k}\n" for k, v in params.items()]
+    overall = hashlib.sha256("".join(lines).encode()).hexdigest()
+    return base / out, {"stage": stage, "sha256": overall, "files": files, "params": params}
 
 
 def write_code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:

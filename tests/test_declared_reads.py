@@ -3,11 +3,12 @@ reads. The shared smoke pipeline (``smoke_recorded``) runs every stage with ``LO
 so each stage writes the params keys it read and the ``lopd`` modules it imported; this test
 compares them with ``dvc.yaml`` and names the stage and key on any difference.
 
-The matrix stages declare their code through a fingerprint: they depend on the output of a
-``code_*`` stage (``lopd fingerprint``), whose deps are the code they run. Their declared code is
-those deps. A ``code_*`` stage's own imports must be among its deps too (so a change to the
-fingerprinting code reruns it), but it hashes its deps rather than importing them, so a dep it
-does not import is not a difference.
+The matrix stages declare their code and params through a fingerprint: they depend on the output
+of a ``code_*`` stage (``lopd fingerprint``), whose deps are the code they run and whose params are
+the keys they read. Their declared code and params are those. A ``code_*`` stage's own imports must
+be among its deps too (so a change to the fingerprinting code reruns it), but it hashes its deps and
+params rather than importing or reading them through the config, so a dep it does not import and a
+key it does not record are not differences (an over-declared key is named for the matrix stage).
 """
 
 from __future__ import annotations
@@ -62,14 +63,16 @@ def fingerprint_stages(dvc: dict) -> dict[str, str]:
 
 
 def stage_declarations(dvc: dict, name: str) -> dict:
-    """What ``name`` declares: its params, and its deps with each fingerprint file's code (the deps of
-    the ``code_*`` stage that writes it) added. ``hashes_code``: a ``code_*`` stage itself."""
+    """What ``name`` declares: its params and deps, with each fingerprint file's params and code (those
+    of the ``code_*`` stage that writes it) added. ``hashes_code``: a ``code_*`` stage itself."""
     base = name.split("@")[0]
     st = dvc["stages"][base]
-    deps = list(st.get("deps") or [])
+    deps, params = list(st.get("deps") or []), list(st.get("params") or [])
     fps = fingerprint_stages(dvc)
-    deps += [d for dep in list(deps) if str(dep) in fps for d in dvc["stages"][fps[str(dep)]].get("deps") or []]
-    return {"params": st.get("params") or [], "deps": deps, "hashes_code": base in fps.values()}
+    for code in [dvc["stages"][fps[str(dep)]] for dep in list(deps) if str(dep) in fps]:
+        deps += code.get("deps") or []
+        params += code.get("params") or []
+    return {"params": params, "deps": deps, "hashes_code": base in fps.values()}
 
 
 def compare(record: dict, decl: dict, all_keys: dict[str, list[str]]) -> list[str]:
@@ -78,7 +81,8 @@ def compare(record: dict, decl: dict, all_keys: dict[str, list[str]]) -> list[st
     declared = _expand_params(decl["params"], all_keys)
     read = {k for k in record["params"] if not k.startswith(UNDECLARED_OK)}
     problems = [f"{stage}: params key {k} is read but not declared" for k in sorted(read - declared)]
-    problems += [f"{stage}: params key {k} is declared but not read" for k in sorted(declared - read)]
+    if not decl.get("hashes_code"):  # a code_* stage hashes its params for its matrix stage, which reads them
+        problems += [f"{stage}: params key {k} is declared but not read" for k in sorted(declared - read)]
     code = _code_deps(decl["deps"])
     mods = record["modules"]
     problems += [f"{stage}: module {m} is imported but not declared" for m in mods if not _covered(m, code)]
@@ -124,27 +128,35 @@ def test_the_comparison_catches_a_removed_declaration():
 
 
 def test_the_comparison_follows_a_fingerprint_to_its_code_stage():
-    """A matrix stage's code is declared in the ``code_*`` stage whose output it depends on: an entry
-    removed there is named for the stage that imports it; the code stage itself must cover its own
-    imports but not import all it hashes."""
-    keys = {"train": ["steps"]}
+    """A matrix stage's code and params are declared in the ``code_*`` stage whose output it depends
+    on: an entry removed there (or one too many) is named for the stage that reads it; the code stage
+    itself must cover its own imports but need not import all it hashes nor read the params."""
+    keys = {"train": ["steps", "K"]}
     dvc = {"stages": {
         "code_train": {"cmd": "lopd fingerprint code_train", "deps": ["lopd/cli.py", "lopd/training", "lopd/utils.py"],
-                       "outs": [{"fingerprints/train.json": {"cache": False}}]},
+                       "params": ["train.steps"], "outs": [{"fingerprints/train.json": {"cache": False}}]},
         "train": {"matrix": {"arm": ["lopd"], "seed": [0]}, "cmd": "lopd train --arm ${item.arm} --seed ${item.seed}",
-                  "params": ["train.steps"], "deps": ["data/splits/train.jsonl", "fingerprints/train.json"]}}}
+                  "deps": ["data/splits/train.jsonl", "fingerprints/train.json"]}}}
     rec = {"stage": "train@lopd-0", "params": ["train.steps"],
            "modules": ["lopd/cli.py", "lopd/training/trainer.py", "lopd/utils.py"]}
     code_rec = {"stage": "code_train", "params": [], "modules": ["lopd/cli.py", "lopd/utils.py"]}
     assert compare(rec, stage_declarations(dvc, "train"), keys) == []
-    assert compare(code_rec, stage_declarations(dvc, "code_train"), keys) == []  # lopd/training: hashed only
+    assert compare(code_rec, stage_declarations(dvc, "code_train"), keys) == []  # lopd/training, train.steps: hashed only
+    dvc["stages"]["code_train"]["params"].append("train.K")
+    assert compare(rec, stage_declarations(dvc, "train"), keys) == [
+        "train@lopd-0: params key train.K is declared but not read"]
+    dvc["stages"]["code_train"]["params"] = []
+    assert compare(rec, stage_declarations(dvc, "train"), keys) == [
+        "train@lopd-0: params key train.steps is read but not declared"]
+    dvc["stages"]["code_train"]["params"] = ["train.steps"]
     dvc["stages"]["code_train"]["deps"].remove("lopd/training")
     assert compare(rec, stage_declarations(dvc, "train"), keys) == [
         "train@lopd-0: module lopd/training/trainer.py is imported but not declared"]
     dvc["stages"]["code_train"]["deps"].remove("lopd/utils.py")
     assert compare(code_rec, stage_declarations(dvc, "code_train"), keys) == [
         "code_train: module lopd/utils.py is imported but not declared"]
-    # without the fingerprint dep, the matrix stage declares no code at all
+    # without the fingerprint dep, the matrix stage declares no code and no params at all
     dvc["stages"]["train"]["deps"].remove("fingerprints/train.json")
-    assert compare(rec, stage_declarations(dvc, "train"), keys) == [
-        f"train@lopd-0: module {m} is imported but not declared" for m in rec["modules"]]
+    assert compare(rec, stage_declarations(dvc, "train"), keys) == (
+        ["train@lopd-0: params key train.steps is read but not declared"]
+        + [f"train@lopd-0: module {m} is imported but not declared" for m in rec["modules"]])

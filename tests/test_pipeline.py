@@ -33,15 +33,21 @@ def test_only_evaluate_depends_on_the_test_split():
             k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
 
 
+# the matrix lists: a fingerprint holding them would rerun every item when a seed is added
+MATRIX_KEYS = ("train", "train.arms", "train.seeds", "train.extra_arms", "train.extra_seeds")
+
+
 def test_matrix_stages_declare_their_code_through_one_fingerprint():
     """train/evaluate (and their _extra twins) depend on the output of code_train/code_evaluate, which
-    holds the code list; they list no code themselves. The fingerprint is a small uncached file that
-    git ignores, written by `lopd fingerprint <its own stage>`."""
+    holds the code list and the params list; they list no code and no params themselves (their data
+    deps stay theirs). The fingerprint is a small uncached file that git ignores, written by
+    `lopd fingerprint <its own stage>`, and its params leave out the matrix lists."""
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     ignored = (REPO / ".gitignore").read_text().split()
     for kind in ("train", "evaluate"):
         code = dvc["stages"][f"code_{kind}"]
-        assert code["cmd"] == f"lopd fingerprint code_{kind}" and "params" not in code and "matrix" not in code
+        assert code["cmd"] == f"lopd fingerprint code_{kind}" and "matrix" not in code
+        assert code["params"] and not set(map(str, code["params"])) & set(MATRIX_KEYS), code["params"]
         [out] = code["outs"]
         [path] = out
         assert out[path] == {"cache": False} and f"/{path.split('/')[0]}/" in ignored, out
@@ -49,17 +55,18 @@ def test_matrix_stages_declare_their_code_through_one_fingerprint():
         for stage in (kind, f"{kind}_extra"):
             deps = [str(d) for d in dvc["stages"][stage]["deps"]]
             assert path in deps and not [d for d in deps if d.startswith("lopd")], stage
+            assert "params" not in dvc["stages"][stage], stage
 
 
-def _fingerprint_ws(root: Path, deps: list[str]) -> Path:
+def _fingerprint_ws(root: Path, deps: list[str], params: list[str] | None = None) -> Path:
     (root / "lopd" / "sub" / "__pycache__").mkdir(parents=True)
     (root / "lopd" / "a.py").write_text("a = 1\n")
     (root / "lopd" / "sub" / "b.py").write_text("b = 2\n")
     (root / "lopd" / "sub" / "b.pyc").write_bytes(b"bytecode")
     (root / "lopd" / "sub" / "__pycache__" / "b.cpython-312.pyc").write_bytes(b"bytecode")
     (root / "params.yaml").write_text("{}\n")
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"code_x": {
-        "cmd": "lopd fingerprint code_x", "deps": deps, "outs": [{"fp/x.json": {"cache": False}}]}}}))
+    stanza = {"cmd": "lopd fingerprint code_x", "deps": deps, "outs": [{"fp/x.json": {"cache": False}}]}
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"code_x": {**stanza, **({"params": params} if params else {})}}}))
     return root
 
 
@@ -93,6 +100,48 @@ def test_fingerprint_hashes_the_files_its_stanza_declares(tmp_path, monkeypatch,
     assert "code_x" in err and "lopd/a.py" in err and "not found" in err
     assert run_in_process(["--params", str(root / "params.yaml"), "fingerprint", "code_y"]) == 2
     assert "no stage 'code_y'" in capsys.readouterr().err
+
+
+def test_fingerprint_hashes_the_values_of_its_declared_params(tmp_path, monkeypatch, capsys):
+    """The fingerprint holds the value of each declared key (a bare section: the whole section) and its
+    hash covers them, after the files' lines: a declared value changes it, an undeclared one does not;
+    a declared key missing from params.yaml is bad input naming it."""
+    import hashlib
+
+    from lopd.cli import run_in_process
+
+    for var in ("LOPD_ROOT", "LOPD_RECORD_DIR", "DVC_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    root = _fingerprint_ws(tmp_path, ["lopd/a.py"], ["train.lr", "evaluate"])
+    raw = {"train": {"lr": 0.002, "seeds": [0, 1], "steps": 3}, "evaluate": {"greedy": False, "n": 4}}
+    pfile = root / "params.yaml"
+    pfile.write_text(yaml.safe_dump(raw))
+    out = root / "fp" / "x.json"
+
+    def fingerprint() -> dict:
+        assert run_in_process(["--params", str(pfile), "fingerprint", "code_x"]) == 0
+        return json.loads(out.read_text())
+
+    fp = fingerprint()
+    assert fp["params"] == {"evaluate": {"greedy": False, "n": 4}, "train.lr": 0.002}
+    a = hashlib.sha256((root / "lopd/a.py").read_bytes()).hexdigest()
+    lines = f"{a}  lopd/a.py\n"
+    lines += hashlib.sha256(b'{"greedy": false, "n": 4}').hexdigest() + "  params.yaml:evaluate\n"
+    lines += hashlib.sha256(b"0.002").hexdigest() + "  params.yaml:train.lr\n"
+    assert fp["sha256"] == hashlib.sha256(lines.encode()).hexdigest()
+    for section, key, value, changes in (("train", "seeds", [0, 1, 2], False), ("train", "steps", 4, False),
+                                         ("train", "lr", 0.004, True), ("evaluate", "n", 8, True)):
+        raw[section][key] = value
+        pfile.write_text(yaml.safe_dump(raw))
+        new = fingerprint()
+        assert (new["sha256"] != fp["sha256"]) == changes, (section, key)
+        fp = new
+    capsys.readouterr()
+    del raw["train"]["lr"]
+    pfile.write_text(yaml.safe_dump(raw))
+    assert run_in_process(["--params", str(pfile), "fingerprint", "code_x"]) == 2
+    err = capsys.readouterr().err
+    assert "code_x" in err and "train.lr" in err and "not in" in err
 
 
 def test_detector_catches_a_test_dependency():
@@ -237,6 +286,41 @@ def test_a_code_change_reruns_its_stage_kind_through_the_fingerprint(smoke_recor
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     train = {s for s in lock if s.startswith(("train@", "train_extra@"))}
     assert train and status() == train
+
+
+def _declaring(dvc: dict, section: str, key: str) -> set[str]:
+    """The stages of dvc.yaml that declare ``section.key`` (or the whole section) as a param."""
+    return {n for n, st in dvc["stages"].items() if {section, f"{section}.{key}"} & set(map(str, st.get("params") or []))}
+
+
+def test_a_param_change_reruns_its_stage_kind_through_the_fingerprint(smoke_recorded, tmp_path):
+    """The matrix items declare their params through their code stage. A train param (train.lr_student)
+    puts out of date the stages declaring it, code_train among them, and once code_train has rerun,
+    every train item and no evaluate item; an evaluate-only param (evaluate.samples_per_task), only
+    code_evaluate, then every evaluate item and no train item."""
+    repo = _copy(smoke_recorded, tmp_path / "repo")
+    dvc = yaml.safe_load((repo / "dvc.yaml").read_text())
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    items = {kind: {s for s in lock if s.startswith((f"{kind}@", f"{kind}_extra@"))} for kind in ("train", "evaluate")}
+    assert items["train"] and items["evaluate"]
+
+    def status() -> set[str]:
+        r = run_cmd([str(BIN / "dvc"), "status", "--json"], repo, 300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return set(json.loads(r.stdout or "{}"))
+
+    for section, key, kind in (("train", "lr_student", "train"), ("evaluate", "samples_per_task", "evaluate")):
+        direct = _declaring(dvc, section, key)
+        assert f"code_{kind}" in direct and not any("@" in s or s in ("train", "evaluate") for s in direct), direct
+        params = yaml.safe_load((repo / "params.yaml").read_text())
+        params[section][key] = params[section][key] * 2
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        assert status() == direct, (key, direct)
+        r = run_cmd([str(BIN / "dvc"), "repro", f"code_{kind}"], repo, 300)
+        assert r.returncode == 0 and _ran(r.stdout) == [f"code_{kind}"], r.stdout[-3000:] + r.stderr[-3000:]
+        assert status() == (direct - {f"code_{kind}"}) | items[kind], key
+        r = run_cmd([str(BIN / "dvc"), "commit", "-f"], repo, 300)  # take the change as done: next key
+        assert r.returncode == 0 and status() == set(), r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def test_report_param_reruns_only_report_and_exp_run_resumes_the_search(smoke_recorded, tmp_path):

@@ -195,6 +195,51 @@ def test_fast_decoder_bitwise_equals_hf_forward(arch, role):
             assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("role", ["student", "teacher"])
+def test_packed_forward_equals_hf_forward(arch, role):
+    """The packed lean forward (real tokens only, no padding) gives the Hugging Face + peft
+    forward's logits over the padded batch: the same bits at a pure decoding step (one token
+    per row), equal up to float rounding when some rows feed several tokens (the last token
+    attends in a one-query block, the others in a padded block, not one padded batch)."""
+    bb = _lora_backbone(arch)
+    bb.mode(role)
+    fast = FastDecoder.build(bb.model)
+    g = torch.Generator().manual_seed(0)
+    caches = [RaggedKVCache(3, capacity=24, device=torch.device("cpu")) for _ in range(2)]
+    with torch.inference_mode():
+        for n_new in ([7, 3, 5], [1, 4, 1], [1, 1, 1], [2, 1, 3], [1, 1, 1]):
+            width = max(n_new)
+            ids = torch.randint(8, 60, (3, width), generator=g)
+            pos, mask = caches[0].plan(torch.tensor(n_new), width)
+            ref = bb.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, cache=caches[0],
+                           logits_to_keep=1).logits[:, -1]
+            plan = caches[1].packed(n_new, fast.kv_heads)
+            out = fast.packed(torch.cat([ids[i, width - n:] for i, n in enumerate(n_new)]), plan, caches[1])
+            for c in caches:
+                c.commit()
+            if max(n_new) == 1:
+                assert torch.equal(out, ref)
+            else:
+                torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert caches[1].lengths.tolist() == caches[0].lengths.tolist()
+        with pytest.raises(ValueError, match="capacity"):
+            caches[1].packed([1, 1, 20], fast.kv_heads)
+
+
+def test_packed_plan_hand_computed():
+    cache = RaggedKVCache(2, capacity=8, device=torch.device("cpu"))
+    cache.lengths = torch.tensor([2, 0])
+    plan = cache.packed([1, 3], kv_heads=1)  # row 0: position 2; row 1: positions 0, 1, 2
+    assert plan.pos.tolist() == [2, 0, 1, 2] and plan.last.tolist() == [0, 3] and plan.width == 4
+    assert plan.dest.tolist() == [3, 9 + 1, 9 + 2, 9 + 3]  # (row·heads + head)·9 slots + position + 1
+    assert plan.last_mask[:, 0, 0].int().tolist() == [[0, 1, 1, 1], [0, 1, 1, 1]]
+    assert plan.ext_rows.tolist() == [1] and plan.ext_idx.tolist() == [[1, 2]]
+    assert plan.ext_mask[:, 0].int().tolist() == [[[0, 1, 0, 0], [0, 1, 1, 0]]]
+    assert plan.ext_take.tolist() == [0, 1] and plan.ext_dest.tolist() == [1, 2]
+    assert cache.packed([1, 1], kv_heads=1).ext_rows is None  # a pure decoding step
+
+
 def test_fast_and_hf_engines_give_the_same_rollouts():
     bb = _lora_backbone("qwen3")
     bb.mode("student")
