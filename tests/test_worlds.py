@@ -144,6 +144,7 @@ def test_successful_trajectory_reveals_tool_conventions():
         actions = [a.split() for role, a in msgs if role == "assistant"]
         c = t.spec["conventions"]
         assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], FAMILIES[t.family].closing]
+        assert actions[0][1] == c["key"]  # the prerequisite carries the world's key
         op = next(a for a in actions if a[0] == c["op"])
         assert op[1] == c["unit"]
         assert op[2:4] == list(FAMILIES[t.family].op_args(t.spec))
@@ -171,7 +172,7 @@ def test_wrong_tool_convention_lowers_reward():
         right = env.solve(t)
         _, r = run_actions(env, t, right)
         assert r == 1.0
-        for slot in ("prereq", "op", "unit"):
+        for slot in ("prereq", "key", "op", "unit"):
             for other in _wrong(FAMILIES[t.family].pools[slot][:n], c[slot]):
                 bad = dict(t.spec, conventions={**c, slot: other})
                 wrong_actions = FAMILIES[t.family].solve(bad)

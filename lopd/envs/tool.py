@@ -104,7 +104,8 @@ class ToolEnv:
             w = a.split()
             if kind == 1 and len(w) > 1:  # a wrong argument (or unit)
                 j = rng.randrange(1, len(w))
-                pool = DIGITS if w[j] in DIGITS else fam.args_vocab() + fam.pools["unit"][:self.world_cfg.n_options]
+                pool = DIGITS if w[j] in DIGITS else (fam.args_vocab() + fam.pools["unit"][:self.world_cfg.n_options]
+                                                      + fam.pools["key"][:self.world_cfg.n_options])
                 w[j] = rng.choice(pool)
                 out.append(" ".join(w))
             else:  # a plausible but wrong tool name of the family

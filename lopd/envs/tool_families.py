@@ -116,7 +116,9 @@ class Family(ABC):
         if not w:
             return "error unknown"
         if w[0] == c["prereq"]:
-            return self.on_prereq(st, w[1:])
+            if len(w) < 2 or w[1] != c["key"]:
+                return "error key"
+            return self.on_prereq(st, w[2:])
         if w[0] == c["op"]:
             if len(w) != 4:
                 return "error args"
@@ -133,7 +135,7 @@ class Family(ABC):
     def solve(self, spec: dict) -> list[str]:
         c = spec["conventions"]
         a, b = self.op_args(spec)
-        return [" ".join([c["prereq"], *self.prereq_args(spec)]), *self.extra_steps(spec),
+        return [" ".join([c["prereq"], c["key"], *self.prereq_args(spec)]), *self.extra_steps(spec),
                 f"{c['op']} {c['unit']} {a} {b}", " ".join([self.closing, *self.close_args(spec)])]
 
 
@@ -141,7 +143,7 @@ class Inventory(Family):
     """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> <unit> ITEM QTY``."""
 
     name, closing = "inventory", "commit"
-    pools = {"prereq": ["lookup"], "op": ["put", "store", "write", "update"],
+    pools = {"prereq": ["lookup"], "key": ["shelf", "bin", "rack", "yard"], "op": ["put"],
              "unit": ["pcs", "kg", "box", "lot"]}
 
     def make(self, rng):
@@ -186,7 +188,7 @@ class Bank(Family):
     """Prerequisite ``<prereq>`` (authenticates) before ``<op> <unit> USER AMOUNT``."""
 
     name, closing = "bank", "logout"
-    pools = {"prereq": ["login"], "op": ["pay", "transfer", "wire", "remit"],
+    pools = {"prereq": ["login"], "key": ["teller", "admin", "clerk", "guest"], "op": ["pay"],
              "unit": ["usd", "eur", "gbp", "yen"]}
 
     def make(self, rng):
@@ -232,7 +234,7 @@ class Thermo(Family):
     when lowering the reading (``mode`` is not a convention: the reading decides it)."""
 
     name, closing = "thermo", "save"
-    pools = {"prereq": ["read"], "op": ["temp", "adjust", "tune", "dial"],
+    pools = {"prereq": ["read"], "key": ["zone", "wing", "floor", "hall"], "op": ["adjust"],
              "unit": ["deg", "cel", "fah", "kel"]}
     extra_tools = ("mode",)
 
@@ -293,7 +295,7 @@ class Ticket(Family):
     ``close ID`` ends the episode."""
 
     name, closing = "ticket", "close"
-    pools = {"prereq": ["find"], "op": ["assign", "route", "give", "hand"],
+    pools = {"prereq": ["find"], "key": ["desk", "queue", "board", "team"], "op": ["assign"],
              "unit": ["p1", "p2", "p3", "p4"]}
 
     def make(self, rng):
@@ -337,5 +339,5 @@ class Ticket(Family):
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
-OBS_WORDS = ["ok", "authed", "on", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
+OBS_WORDS = ["ok", "authed", "on", "key", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
 PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
