@@ -128,7 +128,7 @@ def test_tensors_missing(tmp_path):
 
 def _exp(i: int, domain: str = "tool", family: str = "bank") -> Experience:
     return Experience(f"{domain}/{family}/0-{i:05d}", domain, family, f"{family} : x {i}",
-                      [("user", f"{family} : x {i}"), ("assistant", "auth")], 1.0)
+                      [("user", f"{family} : x {i}"), ("assistant", "login")], 1.0)
 
 
 def _write_bank_files(d: Path, lines: list[str], emb: np.ndarray, embedder: str = "backbone") -> None:

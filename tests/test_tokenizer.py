@@ -107,17 +107,17 @@ def test_chat_format_special_ids(reloaded):
 def test_gen_mask_two_turns(reloaded):
     fmt = ChatFormat(reloaded)
     v = reloaded.get_vocab()
-    msgs = [("user", "bank : send 3 to ana"), ("assistant", "auth"), ("obs", "ok"), ("assistant", "pay ana 3")]
+    msgs = [("user", "bank : send 3 to ana"), ("assistant", "login"), ("obs", "ok"), ("assistant", "pay ana 3")]
     ids, mask = fmt.encode_messages(msgs)
     expected = ([v[BOS], v[USER], v["bank"], v[":"], v["send"], v["3"], v["to"], v["ana"], v[END], v[ASSISTANT]]
-                + [v["auth"], v[END]]
+                + [v["login"], v[END]]
                 + [v[OBS], v["ok"], v[END], v[ASSISTANT]]
                 + [v["pay"], v["ana"], v["3"], v[END]])
     exp_mask = [0] * 10 + [1, 1] + [0] * 4 + [1, 1, 1, 1]
     assert ids == expected
     assert mask == exp_mask
     generated = [i for i, m in zip(ids, mask) if m]
-    assert generated == [v["auth"], v[END], v["pay"], v["ana"], v["3"], v[END]]
+    assert generated == [v["login"], v[END], v["pay"], v["ana"], v["3"], v[END]]
 
 
 def test_gen_mask_on_env_trajectories(reloaded):
@@ -148,12 +148,12 @@ def test_encode_messages_rejects_bad_roles(reloaded):
     with pytest.raises(ValueError, match="unknown role"):
         fmt.encode_messages([("user", "bank : send 3 to ana"), ("system", "ok")])
     with pytest.raises(AssertionError):
-        fmt.encode_messages([("assistant", "auth")])
+        fmt.encode_messages([("assistant", "login")])
 
 
 def test_experience_ids_drop_bos(reloaded):
     fmt = ChatFormat(reloaded)
-    msgs = [("user", "bank : send 3 to ana"), ("assistant", "auth")]
+    msgs = [("user", "bank : send 3 to ana"), ("assistant", "login")]
     ids, _ = fmt.encode_messages(msgs)
     assert fmt.experience_ids(msgs) == ids[1:]
     assert fmt.context_ids([msgs, msgs]) == (fmt.exp + ids[1:]) * 2
@@ -163,9 +163,9 @@ def test_join_context_is_the_one_rendering(reloaded):
     """Base pretraining, the opsd_text teacher and context rollouts share join_context: each
     experience is <|exp|> + its trajectory without <|bos|>; the task's own trajectory follows."""
     fmt = ChatFormat(reloaded)
-    e1 = [("user", "bank : send 3 to ana"), ("assistant", "auth")]
+    e1 = [("user", "bank : send 3 to ana"), ("assistant", "login")]
     e2 = [("user", "bank : send 4 to bob"), ("assistant", "pay bob 4")]
-    task = [("user", "bank : send 5 to cy"), ("assistant", "auth")]
+    task = [("user", "bank : send 5 to cy"), ("assistant", "login")]
     ex = [fmt.experience_ids(e) for e in (e1, e2)]
     assert fmt.join_context(ex) == fmt.exp + ex[0] + fmt.exp + ex[1]
     assert fmt.context_ids([e1, e2]) == fmt.join_context(ex)

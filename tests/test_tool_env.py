@@ -111,6 +111,12 @@ def _op(t, a, b):
     return f"{c['op']} {c['unit']} {a} {b}"
 
 
+def _pre(t, *args):
+    """The prerequisite call in ``t``'s conventions: ``<prereq> <key> ARGS``."""
+    c = _c(t)
+    return " ".join([c["prereq"], c["key"], *map(str, args)])
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_scripted_solution_scores_one(env, tasks, family):
     for t in _by_family(tasks, family):
@@ -125,7 +131,7 @@ def test_scripted_solution_observations(env):
     c = _c(t)
     msgs, r = run_actions(env, t, env.solve(t))
     item = t.spec["item"]
-    assert msgs[1:] == [("assistant", f"{c['prereq']} {item}"), ("obs", f"{item} has {t.spec['current']}"),
+    assert msgs[1:] == [("assistant", _pre(t, item)), ("obs", f"{item} has {t.spec['current']}"),
                         ("assistant", _op(t, item, t.spec["qty"])), ("obs", "ok"),
                         ("assistant", "commit")]
     assert r == 1.0
@@ -138,8 +144,11 @@ def test_inventory_op_before_prereq(env, tasks):
         assert ep.step(_op(t, item, q)).observation == "error locked"
         ep.step("commit")
         assert ep.reward() == 0.0  # closed before the goal held: no check met
-        _, r = run_actions(env, t, [_op(t, item, q), f"{_c(t)['prereq']} {item}", "commit"])
-        assert r == pytest.approx(1 / 3)  # only the prerequisite
+        _, r = run_actions(env, t, [_op(t, item, q), _pre(t, item), "commit"])
+        assert r == 0.0  # the prerequisite alone earns nothing: every check needs the goal
+        # the goal reached but never committed: one of the two checks
+        _, r = run_actions(env, t, [_pre(t, item), _op(t, item, q)])
+        assert r == pytest.approx(1 / 2)
 
 
 def test_bank_op_before_prereq(env, tasks):
@@ -147,15 +156,15 @@ def test_bank_op_before_prereq(env, tasks):
         u, a, c = t.spec["user"], t.spec["amount"], _c(t)
         ep = env.episode(t)
         assert ep.step(_op(t, u, a)).observation == "error denied"
-        assert ep.step(c["prereq"]).observation == "ok"
+        assert ep.step(_pre(t)).observation == "authed"  # not a bare "ok": it names the step
         assert ep.step("logout").done
-        assert ep.reward() == pytest.approx(1 / 3)
+        assert ep.reward() == 0.0
         # paying twice overshoots the goal
-        _, r = run_actions(env, t, [c["prereq"], _op(t, u, a), _op(t, u, a), "logout"])
-        assert r == pytest.approx(1 / 3)
+        _, r = run_actions(env, t, [_pre(t), _op(t, u, a), _op(t, u, a), "logout"])
+        assert r == 0.0
         # logging out before paying ends the episode: the payment never happens
-        _, r = run_actions(env, t, [c["prereq"], "logout", _op(t, u, a)])
-        assert r == pytest.approx(1 / 3)
+        _, r = run_actions(env, t, [_pre(t), "logout", _op(t, u, a)])
+        assert r == 0.0
 
 
 def test_thermo_wrong_mode_room_or_no_read(env, tasks):
@@ -164,11 +173,11 @@ def test_thermo_wrong_mode_room_or_no_read(env, tasks):
         right = "heat" if s["target"] > s["current"] else "cool"
         wrong = "cool" if right == "heat" else "heat"
         ep = env.episode(t)
-        ep.step(f"{c['prereq']} {s['room']}")
-        ep.step(f"mode {wrong}")
+        ep.step(_pre(t, s['room']))
+        assert ep.step(f"mode {wrong}").observation == f"{wrong} on"
         assert ep.step(_op(t, s["room"], s["target"])).observation == "error mode"
         ep.step("save")
-        assert ep.reward() == pytest.approx(1 / 3)
+        assert ep.reward() == 0.0
         # no reading first: refused even with the right mode
         ep = env.episode(t)
         ep.step(f"mode {right}")
@@ -183,7 +192,7 @@ def test_thermo_wrong_mode_room_or_no_read(env, tasks):
 def test_thermo_read_reveals_current(env, tasks):
     for t in _by_family(tasks, "thermo")[:10]:
         ep = env.episode(t)
-        obs = ep.step(f"{_c(t)['prereq']} {t.spec['room']}").observation
+        obs = ep.step(_pre(t, t.spec['room'])).observation
         assert obs == f"room {t.spec['room']} is {t.spec['current']}"
 
 
@@ -197,8 +206,17 @@ def test_ticket_op_before_prereq(env, tasks):
         assert ep.reward() == 0.0
         # wrong agent
         wrong = next(x for x in ("kim", "lee", "max", "ned") if x != a)
-        _, r = run_actions(env, t, [f"{c['prereq']} {i}", _op(t, i, wrong), f"close {i}"])
-        assert r == pytest.approx(1 / 3)
+        _, r = run_actions(env, t, [_pre(t, i), _op(t, i, wrong), f"close {i}"])
+        assert r == 0.0
+
+
+def test_wrong_key_refuses_the_prerequisite(env, tasks):
+    for t in tasks[:40]:
+        c, fam = _c(t), FAMILIES[t.family]
+        wrong = next(k for k in fam.pools["key"] if k != c["key"])
+        ep = env.episode(t)
+        assert ep.step(" ".join([c["prereq"], wrong, *fam.prereq_args(t.spec)])).observation == "error key"
+        assert ep.step(c["prereq"]).observation == "error key"  # no key at all
 
 
 def test_wrong_unit_and_swapped_arguments(env, tasks):
@@ -237,7 +255,7 @@ def test_reward_in_unit_interval(env, tasks):
             _, r = run_actions(env, t, env.solve(t, rng=rng, noise=noise))
             assert 0.0 <= r <= 1.0
             seen.add(r)
-    assert {0.0, 1 / 3, 2 / 3, 1.0} <= seen
+    assert {0.0, 1 / 2, 1.0} == seen
 
 
 def test_episode_ends_at_max_turns(tasks):
@@ -269,7 +287,7 @@ def test_closing_tool_ends_episode(env, tasks):
 
 def test_run_actions_stops_at_done(env, tasks):
     t = _by_family(tasks, "bank")[0]
-    msgs, r = run_actions(env, t, env.solve(t) + [_c(t)["prereq"], _op(t, "ana", 1)])
+    msgs, r = run_actions(env, t, env.solve(t) + [_pre(t), _op(t, "ana", 1)])
     assert r == 1.0
     assert sum(role == "assistant" for role, _ in msgs) == 3
 

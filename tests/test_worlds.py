@@ -144,6 +144,7 @@ def test_successful_trajectory_reveals_tool_conventions():
         actions = [a.split() for role, a in msgs if role == "assistant"]
         c = t.spec["conventions"]
         assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], FAMILIES[t.family].closing]
+        assert actions[0][1] == c["key"]  # the prerequisite carries the world's key
         op = next(a for a in actions if a[0] == c["op"])
         assert op[1] == c["unit"]
         assert op[2:4] == list(FAMILIES[t.family].op_args(t.spec))
@@ -171,7 +172,7 @@ def test_wrong_tool_convention_lowers_reward():
         right = env.solve(t)
         _, r = run_actions(env, t, right)
         assert r == 1.0
-        for slot in ("prereq", "op", "unit"):
+        for slot in ("prereq", "key", "op", "unit"):
             for other in _wrong(FAMILIES[t.family].pools[slot][:n], c[slot]):
                 bad = dict(t.spec, conventions={**c, slot: other})
                 wrong_actions = FAMILIES[t.family].solve(bad)
@@ -252,14 +253,14 @@ def test_encode_demo_masks():
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary
 
     fmt = ChatFormat(build_tokenizer(env_vocabulary(["tool"])))
-    e1 = [("user", "bank : send 3 to ana"), ("assistant", "auth"), ("obs", "ok"), ("assistant", "pay ana 3 usd")]
-    demo = Demo(context=[e1], messages=[("user", "bank : send 4 to bob"), ("assistant", "auth")])
+    e1 = [("user", "bank : send 3 to ana"), ("assistant", "login"), ("obs", "ok"), ("assistant", "pay ana 3 usd")]
+    demo = Demo(context=[e1], messages=[("user", "bank : send 4 to bob"), ("assistant", "login")])
     v = fmt.tok.get_vocab()
     ctx = [v["<|exp|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["3"], v["to"], v["ana"], v["<|end|>"],
-           v["<|assistant|>"], v["auth"], v["<|end|>"], v["<|obs|>"], v["ok"], v["<|end|>"], v["<|assistant|>"],
+           v["<|assistant|>"], v["login"], v["<|end|>"], v["<|obs|>"], v["ok"], v["<|end|>"], v["<|assistant|>"],
            v["pay"], v["ana"], v["3"], v["usd"], v["<|end|>"]]
     own = [v["<|bos|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["4"], v["to"], v["bob"], v["<|end|>"],
-           v["<|assistant|>"], v["auth"], v["<|end|>"]]
+           v["<|assistant|>"], v["login"], v["<|end|>"]]
     ids, mask = encode_demo(fmt, demo, context_loss=False)
     assert ids == ctx + own
     assert mask == [0] * len(ctx) + [0] * 10 + [1, 1]

@@ -3,8 +3,8 @@
 Each *family* (:mod:`lopd.envs.tool_families`) has a procedure — a prerequisite call, an
 operation on two arguments, the family's closing call — and each *world* — a seeded instance
 of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: which
-tool name performs the prerequisite (a required preceding call), which performs the
-operation, and the unit word the operation carries (``<op> <unit> A B``). A prompt names its world and states the goal, never the conventions; a successful
+tool name performs the operation, and the unit word the operation carries
+(``<op> <unit> A B``); the operation needs the family's prerequisite call (a fixed tool name) first. A prompt names its world and states the goal, never the conventions; a successful
 trajectory in the same world shows all of them. Wrong conventions fail: an unknown tool name
 is ``error unknown``, a wrong unit ``error unit``, an operation before its prerequisite is
 refused. (An argument-order convention was tried and dropped: a two-layer model could not
@@ -12,8 +12,8 @@ read it from experience, so it only lowered every condition alike.)
 
 Protocol: the policy emits one action per turn (``"<tool> <args...>"``), the environment
 answers with an observation; the episode ends when the family's closing tool is called or
-after ``max_turns`` actions. Reward = fraction of the three goal checks met by the final state
-(prerequisite done, goal state reached, closed once the goal held).
+after ``max_turns`` actions. Reward = fraction of the two goal checks met by the final state
+(goal state reached, closed once the goal held): reward > 0 needs the conventions used right.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class ToolEnv:
             w = a.split()
             if kind == 1 and len(w) > 1:  # a wrong argument (or unit)
                 j = rng.randrange(1, len(w))
-                pool = DIGITS if w[j] in DIGITS else fam.args_vocab() + fam.pools["unit"][:self.world_cfg.n_options]
+                pool = DIGITS if w[j] in DIGITS else (fam.args_vocab() + fam.pools["unit"][:self.world_cfg.n_options]
+                                                      + fam.pools["key"][:self.world_cfg.n_options])
                 w[j] = rng.choice(pool)
                 out.append(" ".join(w))
             else:  # a plausible but wrong tool name of the family

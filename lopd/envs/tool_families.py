@@ -1,8 +1,11 @@
 """The tool families: their option pools, goals, rules and scripted solvers.
 
 A family fixes a procedure — a prerequisite call, an operation on two arguments, a closing
-call — and the option pools a world's conventions are drawn from: the tool name of each
-step and the unit word the operation carries. :class:`Family` applies the conventions; subclasses say what each step does.
+call — and the option pools a world's conventions are drawn from: the operation's tool name
+and the unit word it carries. The prerequisite's tool name is fixed per family (a pool of
+one): with two hidden slots a guess without experience succeeds in about a quarter of the
+worlds, which keeps the base policy's no-context reward inside the range issue 13 asks for
+under the goal-gated reward below. :class:`Family` applies the conventions; subclasses say what each step does.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ ITEMS = ["apple", "bolt", "cable", "drill", "glue"]
 USERS = ["ana", "bob", "cy", "dee", "eve"]
 AGENTS = ["kim", "lee", "max", "ned"]
 DIGITS = [str(i) for i in range(10)]
-MAX_OPTIONS = 4  # every tool-name/unit slot has this many options
+MAX_OPTIONS = 4  # the op-name and unit slots have this many options (the prerequisite's has one)
 
 
 @dataclass
@@ -37,13 +40,16 @@ class Family(ABC):
     the prerequisite and the operation do and when the goal is reached; the conventions
     (names, unit) are applied here, so every family obeys them the same way.
 
-    Goal checks of the final state (reward = fraction met): the prerequisite was done, the
-    goal state was reached, and the family's closing call was made once the goal held (a
-    commit of the wrong change, or of no change, does not count)."""
+    Goal checks of the final state (reward = fraction met): the goal state was reached, and
+    the family's closing call was made once the goal held (a commit of the wrong change, or
+    of no change, does not count). Both need the goal, and the goal needs every convention,
+    so a trajectory with reward > 0 has used the world's conventions. (A separate
+    "prerequisite done" check gave 1/3 to trajectories whose operation was wrong; LOPD weighs
+    δ by r(τ), so a teacher that knew the right operation was scored *down* on them.)"""
 
     name: str
     closing: str  # the closing tool (not a convention): ends the episode
-    pools: dict[str, list[str]]  # slot -> options: prereq, op (tool names), unit (value unit)
+    pools: dict[str, list[str]]  # slot -> options: prereq (one, fixed), op (tool names), unit (value unit)
     extra_tools: tuple[str, ...] = ()
 
     def slots(self) -> dict[str, list[str]]:
@@ -96,7 +102,10 @@ class Family(ABC):
         return []
 
     def checks(self, st: State) -> list[bool]:
-        return [self.prereq_done(st), self.goal_reached(st), bool(st.vars.get("closed_ok"))]
+        # Every check needs the goal state, which needs every convention (the operation is
+        # refused before its prerequisite): a trajectory with reward > 0 never holds a wrong
+        # convention, so outcome weights r(τ) weigh only convention-correct tokens.
+        return [self.goal_reached(st), bool(st.vars.get("closed_ok"))]
 
     @abstractmethod
     def args_vocab(self) -> list[str]: ...
@@ -107,7 +116,9 @@ class Family(ABC):
         if not w:
             return "error unknown"
         if w[0] == c["prereq"]:
-            return self.on_prereq(st, w[1:])
+            if len(w) < 2 or w[1] != c["key"]:
+                return "error key"
+            return self.on_prereq(st, w[2:])
         if w[0] == c["op"]:
             if len(w) != 4:
                 return "error args"
@@ -124,7 +135,7 @@ class Family(ABC):
     def solve(self, spec: dict) -> list[str]:
         c = spec["conventions"]
         a, b = self.op_args(spec)
-        return [" ".join([c["prereq"], *self.prereq_args(spec)]), *self.extra_steps(spec),
+        return [" ".join([c["prereq"], c["key"], *self.prereq_args(spec)]), *self.extra_steps(spec),
                 f"{c['op']} {c['unit']} {a} {b}", " ".join([self.closing, *self.close_args(spec)])]
 
 
@@ -132,7 +143,7 @@ class Inventory(Family):
     """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> <unit> ITEM QTY``."""
 
     name, closing = "inventory", "commit"
-    pools = {"prereq": ["lookup", "count", "scan", "audit"], "op": ["put", "store", "write", "update"],
+    pools = {"prereq": ["lookup"], "key": ["shelf", "bin", "rack", "yard"], "op": ["put"],
              "unit": ["pcs", "kg", "box", "lot"]}
 
     def make(self, rng):
@@ -177,7 +188,7 @@ class Bank(Family):
     """Prerequisite ``<prereq>`` (authenticates) before ``<op> <unit> USER AMOUNT``."""
 
     name, closing = "bank", "logout"
-    pools = {"prereq": ["auth", "login", "verify", "unlock"], "op": ["pay", "transfer", "wire", "remit"],
+    pools = {"prereq": ["login"], "key": ["teller", "admin", "clerk", "guest"], "op": ["pay"],
              "unit": ["usd", "eur", "gbp", "yen"]}
 
     def make(self, rng):
@@ -194,7 +205,7 @@ class Bank(Family):
         if args:
             return "error args"
         st.vars["authed"] = True
-        return "ok"
+        return "authed"
 
     def prereq_done(self, st):
         return st.vars["authed"]
@@ -223,7 +234,7 @@ class Thermo(Family):
     when lowering the reading (``mode`` is not a convention: the reading decides it)."""
 
     name, closing = "thermo", "save"
-    pools = {"prereq": ["read", "poll", "sense", "probe"], "op": ["temp", "adjust", "tune", "dial"],
+    pools = {"prereq": ["read"], "key": ["zone", "wing", "floor", "hall"], "op": ["adjust"],
              "unit": ["deg", "cel", "fah", "kel"]}
     extra_tools = ("mode",)
 
@@ -250,7 +261,7 @@ class Thermo(Family):
     def on_extra(self, st, w):
         if len(w) == 2 and w[1] in ("heat", "cool"):
             st.vars["mode"] = w[1]
-            return "ok"
+            return f"{w[1]} on"
         return "error args"
 
     def extra_steps(self, spec):
@@ -284,7 +295,7 @@ class Ticket(Family):
     ``close ID`` ends the episode."""
 
     name, closing = "ticket", "close"
-    pools = {"prereq": ["find", "pull", "claim", "fetch"], "op": ["assign", "route", "give", "hand"],
+    pools = {"prereq": ["find"], "key": ["desk", "queue", "board", "team"], "op": ["assign"],
              "unit": ["p1", "p2", "p3", "p4"]}
 
     def make(self, rng):
@@ -328,5 +339,5 @@ class Ticket(Family):
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
-OBS_WORDS = ["ok", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
+OBS_WORDS = ["ok", "authed", "on", "key", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
 PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
