@@ -2,13 +2,14 @@
 
 Each *family* (:mod:`lopd.envs.tool_families`) has a procedure — a prerequisite call, an
 operation on two arguments, the family's closing call — and each *world* — a seeded instance
-of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: which
-tool name performs the operation, and the unit word the operation carries
-(``<op> <unit> A B``); the operation needs the family's prerequisite call (a fixed tool name) first. A prompt names its world and states the goal, never the conventions; a successful
-trajectory in the same world shows all of them. Wrong conventions fail: an unknown tool name
-is ``error unknown``, a wrong unit ``error unit``, an operation before its prerequisite is
-refused. (An argument-order convention was tried and dropped: a two-layer model could not
-read it from experience, so it only lowered every condition alike.)
+of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: the key
+the prerequisite call carries (``<prereq> <key> ARGS``) and the unit word the operation carries
+(``<op> <unit> A B``); tool names are fixed per family. A prompt names its world and states the
+goal, never the conventions; a successful trajectory in the same world shows both. Wrong
+conventions fail: a wrong key is ``error key`` (the prerequisite is not done), a wrong unit
+``error unit``, and an operation before its prerequisite is refused. (Hidden tool names and an
+argument-order convention were tried and dropped: a two-layer model read neither well from
+experience. A key or unit follows a word that occurs once per trajectory, which it copies.)
 
 Protocol: the policy emits one action per turn (``"<tool> <args...>"``), the environment
 answers with an observation; the episode ends when the family's closing tool is called or

@@ -1,11 +1,11 @@
 """The tool families: their option pools, goals, rules and scripted solvers.
 
 A family fixes a procedure — a prerequisite call, an operation on two arguments, a closing
-call — and the option pools a world's conventions are drawn from: the operation's tool name
-and the unit word it carries. The prerequisite's tool name is fixed per family (a pool of
-one): with two hidden slots a guess without experience succeeds in about a quarter of the
-worlds, which keeps the base policy's no-context reward inside the range issue 13 asks for
-under the goal-gated reward below. :class:`Family` applies the conventions; subclasses say what each step does.
+call, each with a fixed tool name — and the option pools a world's conventions are drawn from:
+the key the prerequisite carries and the unit word the operation carries (``prereq`` and ``op``
+are pools of one). With two hidden slots of two options, a guess without experience succeeds in
+about a quarter of the worlds, which keeps the base policy's no-context reward inside the range
+issue 13 asks for under the goal-gated reward below. :class:`Family` applies the conventions; subclasses say what each step does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ITEMS = ["apple", "bolt", "cable", "drill", "glue"]
 USERS = ["ana", "bob", "cy", "dee", "eve"]
 AGENTS = ["kim", "lee", "max", "ned"]
 DIGITS = [str(i) for i in range(10)]
-MAX_OPTIONS = 4  # the op-name and unit slots have this many options (the prerequisite's has one)
+MAX_OPTIONS = 4  # the key and unit slots have this many options (the tool-name pools have one)
 
 
 @dataclass
@@ -38,18 +38,18 @@ def split_action(action: str) -> list[str]:
 class Family(ABC):
     """One family: its option pools, goal, rules and scripted solver. Subclasses say what
     the prerequisite and the operation do and when the goal is reached; the conventions
-    (names, unit) are applied here, so every family obeys them the same way.
+    (key, unit) are applied here, so every family obeys them the same way.
 
     Goal checks of the final state (reward = fraction met): the goal state was reached, and
     the family's closing call was made once the goal held (a commit of the wrong change, or
     of no change, does not count). Both need the goal, and the goal needs every convention,
     so a trajectory with reward > 0 has used the world's conventions. (A separate
-    "prerequisite done" check gave 1/3 to trajectories whose operation was wrong; LOPD weighs
-    δ by r(τ), so a teacher that knew the right operation was scored *down* on them.)"""
+    "prerequisite done" check gave 1/3 to trajectories whose operation failed; LOPD weighs δ
+    by r(τ), so a teacher that knew the right convention was scored *down* on them.)"""
 
     name: str
     closing: str  # the closing tool (not a convention): ends the episode
-    pools: dict[str, list[str]]  # slot -> options: prereq (one, fixed), op (tool names), unit (value unit)
+    pools: dict[str, list[str]]  # slot -> options: prereq, op (tool names: one each), key (prereq), unit (op)
     extra_tools: tuple[str, ...] = ()
 
     def slots(self) -> dict[str, list[str]]:
