@@ -165,3 +165,12 @@ def default_params(over: dict | None = None):
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     return parse_params(deep_merge(raw, over or {}), "params.yaml + test overrides")
+
+
+def solved_train_tasks(res) -> list:
+    """The train tasks the workspace's base policy solved (its experience bank's), for tests that
+    need rewarded rollouts: in the worlds the 400-step test base rarely guesses a convention."""
+    solved = {e.task_id for e in res.bank.entries}
+    tasks = [t for t in res.train_tasks if t.task_id in solved]
+    assert len(tasks) >= 8, f"the test workspace's bank solved only {len(tasks)} train tasks"
+    return tasks

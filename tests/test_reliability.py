@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from lopd.errors import RunFailed, SplitAccessError
+from tests.conftest import solved_train_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -254,11 +255,13 @@ def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage
     assert "run failed" in err and "non-finite loss" in err
 
 
-def test_infeasible_margin_is_flagged(workspace, resources, tmp_path):
+def test_infeasible_margin_is_flagged(workspace, resources, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from lopd.training.run import run_arm
 
+    # tasks the base is known to solve: with no rewarded rollout Δ(φ) is undefined, never infeasible
+    monkeypatch.setattr(resources, "train_tasks", solved_train_tasks(resources))
     resources.val_tasks = resources.val_tasks[:4]
     params = workspace.params(train={**SMALL, "tasks_per_step": 8, "steps": 2, "margin": 5.0,
                                      "infeasible_patience": 2})

@@ -54,7 +54,7 @@ def test_greedy_equals_reference_random_init(arch):
 def test_greedy_equals_reference_trained_lora_policy():
     bb = tp.trained_backbone()
     tasks = tp.tasks(10, 6, seed=11)
-    seen = {}
+    seen, solved = {}, False
     for mnt, max_len in LENGTHS:
         ref = reference_rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=mnt, max_len=max_len,
                                       greedy=True)
@@ -62,8 +62,9 @@ def test_greedy_equals_reference_trained_lora_policy():
         _assert_same(new, ref)
         for k, v in _coverage(ref, bb.fmt).items():
             seen[k] = seen.get(k, False) or v
+        solved = solved or any(r.reward > 0 for r in ref)  # short caps cut every episode before its goal
     assert all(seen.values()), f"the batches did not exercise every case: {seen}"
-    assert any(r.reward > 0 for r in ref), "the trained policy should solve some task"
+    assert solved, "the trained policy should solve some task"
 
 
 def test_without_cache_same_tokens():
