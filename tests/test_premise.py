@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from lopd.cold_start import _batch, cold_start, cold_start_losses, distill_kl, text_context
+from lopd.cold_start import cold_start, distill_kl, text_context
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
 from lopd.premise import DELTA_PAIRS, REWARD_PAIRS, compare, per_task_delta, per_task_reward, premise_rule
@@ -172,19 +172,11 @@ def test_distill_kl_value_and_gradient_by_hand():
     assert torch.allclose(latent_logits.grad.view(-1), torch.full((3,), 1 / 3) - p_text, atol=1e-5)
 
 
-def _measure_kl(res, comp, emb, entries, K=4, n_ret=2):
-    bb = res.bb
-    exps, ids, attn, mask = _batch(bb, res.bank, emb, entries, n_ret)
-    with torch.no_grad():
-        _, row = cold_start_losses(bb, comp, exps, ids, attn, mask, K=K, distill_weight=1.0, top_m=20)
-    return row["distill_kl"]
-
-
 def test_distillation_moves_latent_teacher_toward_text_teacher(resources, workspace):
     """The distillation term is what the cold start optimises: with weight 5 the KL(text ‖ latent)
     on its batches falls over the steps, and without it the term is not computed. (A held-out
     version, KL on 12 bank entries against a fresh composer and against weight 0, stopped
-    separating in the key/unit test world, where the 200-step test base barely reads context
+    separating in the key/unit test world, where the 400-step test base barely reads context
     and every KL is ~0.06; the pipeline's cold start shows the effect at scale:
     models/cold_start/result.json, KL 0.167 → 0.053.)"""
     emb = resources.task_emb
