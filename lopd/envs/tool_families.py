@@ -103,8 +103,8 @@ class Family(ABC):
 
     def checks(self, st: State) -> list[bool]:
         # Every check needs the goal state, which needs every convention (the operation is
-        # refused before its prerequisite): a trajectory with reward > 0 never holds a wrong
-        # convention, so outcome weights r(τ) weigh only convention-correct tokens.
+        # refused before its prerequisite): a trajectory with reward > 0 ends with the right
+        # conventions (a retry after an `error` reply may still hold a wrong one before it).
         return [self.goal_reached(st), bool(st.vars.get("closed_ok"))]
 
     @abstractmethod
