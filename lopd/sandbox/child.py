@@ -21,7 +21,6 @@ The audit hook (:func:`make_guard`) is the in-process barrier; its rules are lis
 
 from __future__ import annotations
 
-import json
 import os
 import resource  # imported here, not in confine: confine also runs after a fork (the probe's preexec_fn)
 import sys
@@ -367,10 +366,10 @@ def main() -> None:
     cpu_s, mem_bytes, netns, drop = (int(a) for a in sys.argv[1:5])
     confine(cpu_s, mem_bytes, bool(netns), bool(drop))
     tmp = os.path.realpath(os.getcwd())
-    with open("payload.json", "rb") as fh:
-        payload = json.loads(fh.read())
-    os.remove("payload.json")
     dumps, loads = make_codec()
+    with open("payload.json", "rb") as fh:
+        payload = loads(fh.read().decode())  # the parent wrote it with the same codec (no json import)
+    os.remove("payload.json")
     hook, refusals = make_guard(tmp, read_roots(tmp))
     reply, next_request = make_channel(payload["marker"], dumps, refusals)
     code, fn_name, exit_, callable_ = payload["code"], payload["fn"], os._exit, callable
