@@ -181,11 +181,12 @@ def test_distillation_moves_latent_teacher_toward_text_teacher(resources, worksp
     models/cold_start/result.json, KL 0.167 → 0.053.)"""
     emb = resources.task_emb
     cp = workspace.params().cold_start
+    rows = {}
     for w in (0.0, 5.0):
         c = cp.model_copy(update={"steps": 24, "batch_size": 8, "distill_weight": w, "lr": 0.01})
-        _, rows = cold_start(resources.bb, resources.bank, emb, c, k_choices=[4])
-        assert ("distill_kl" in rows[0]) == (w > 0)
-    kl = [r["distill_kl"] for r in rows]
+        _, rows[w] = cold_start(resources.bb, resources.bank, emb, c, k_choices=[4])
+        assert ("distill_kl" in rows[w][0]) == (w > 0)
+    kl = [r["distill_kl"] for r in rows[5.0]]
     first, last = sum(kl[:6]) / 6, sum(kl[-6:]) / 6
     assert last < first, kl
 
