@@ -1,4 +1,4 @@
-"""Wall time of one sandboxed program run (spawn a confined child, define the code, three calls,
+"""Wall time of one sandboxed program run (fork a confined child, define the code, three calls,
 finish), the unit of cost of scoring a code rollout.
 
     python bench/sandbox.py [--runs 40] [--tree PATH ...]
@@ -23,7 +23,7 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from lopd import sandbox
 code, runs = {code!r}, int(sys.argv[2])
-sandbox.run_calls(code, "f", [[1]])  # warm: the isolation probe and the bytecode are cached per process
+sandbox.run_calls(code, "f", [[1]])  # warm: the isolation probe and the fork server start once per process
 for _ in range(runs):
     t = time.perf_counter()
     r = sandbox.run_calls(code, "f", [[1], [2], [3]], timeout_s=2.0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import glob
 import importlib.resources
+import importlib.util
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -17,7 +19,7 @@ from lopd import sandbox
 from lopd.envs.base import Task
 from lopd.envs.code import CodeEnv
 from lopd.sandbox import CallError, NotPlainData, Session, SessionOver, dumps_plain, loads_plain, run_calls
-from lopd.sandbox.session import child_source
+from lopd.sandbox.server import child_source, server_files
 
 CORRECT = "def f ( x ) : return x * 2 + 3"
 CALLS = [[1], [2], [-3]]
@@ -397,13 +399,44 @@ def test_installed_packages_unreadable():
 
 
 def test_child_program_is_the_package_file():
-    """What runs in the child is ``lopd/sandbox/child.py`` with ``plain.py`` (the codec the
-    parent uses too): real files in the package, copied as they are."""
+    """What the fork server runs is ``lopd/sandbox/child.py`` with ``plain.py`` (the codec the
+    parent uses too): the package's files as they are, and bytecode compiled from exactly those
+    bytes (a hash-based .pyc records the hash of its source)."""
+    files = server_files()
     for name in ("child.py", "plain.py"):
         with open(os.path.join(os.path.dirname(sandbox.__file__), name), "rb") as fh:
-            assert child_source(name) == fh.read()
-        r = run_calls(f"def f(x):\n    return open({name!r}).read()", "f", [[0]])
-        assert r.status == "ok" and r.outputs[0].encode() == child_source(name)
+            source = fh.read()
+        assert child_source(name) == files[name] == source
+        pyc = files["child.pyc"] if name == "child.py" else files[importlib.util.cache_from_source(name, optimization="")]
+        assert pyc[:4] == importlib.util.MAGIC_NUMBER and pyc[8:16] == importlib.util.source_hash(source)
+    # a program sees its own temp dir only: the server's files are not there
+    r = run_calls("import os\ndef f(x):\n    return sorted(os.listdir('.'))", "f", [[0]])
+    assert r.status == "ok" and r.outputs == [[]], r
+
+
+def test_programs_do_not_share_state():
+    """Each program is a fresh fork of the server: what one program changes (builtins, a module,
+    its globals) is not there for the next."""
+    first = run_calls("import builtins, os\nbuiltins.LEAK = 1\nos.LEAK = 2\ndef f(x):\n    return x", "f", [[0]])
+    assert first.status == "ok", first
+    second = run_calls("import builtins, os\ndef f(x):\n    return [hasattr(builtins, 'LEAK'), hasattr(os, 'LEAK')]",
+                       "f", [[0]])
+    assert second.status == "ok" and second.outputs == [[False, False]], second
+
+
+def test_fork_server_restarts_after_it_dies():
+    """A dead fork server fails the program in flight as ``killed`` (never a score the cache
+    keeps), and the next program starts a new server."""
+    from lopd.sandbox import server as srv
+
+    old = srv.fork_server()
+    with Session("import time\ndef f(x):\n    time.sleep(5)\n    return x", "f", timeout_s=10) as s:
+        os.kill(old.proc.pid, signal.SIGKILL)
+        with pytest.raises(SessionOver) as e:
+            s.call(1)
+        assert e.value.result.status == "killed", e.value.result
+    assert run_calls(CORRECT, "f", CALLS).outputs == [5, 7, -3]
+    assert srv.fork_server() is not old and old.dead
 
 
 def test_plain_codec_round_trip_and_exact_types():

@@ -14,15 +14,18 @@ code cannot fake success; at worst it can forge the values it would have had to 
 
 Barriers, outermost first (each one is enough for some attacks; together they overlap):
 
-1. **Separate process** (``sys.executable -I -S -B child.py``: :mod:`lopd.sandbox.child`
-   and :mod:`lopd.sandbox.plain`, copied to a fresh ``tempfile.mkdtemp()`` directory, which is the child's cwd and
-   ``$HOME`` and is removed afterwards whatever happens). The child gets its own session /
-   process group; on a wall clock timeout, on output past ``max_output_bytes``, or when the
-   session ends, the whole group is SIGKILLed. Pipes are drained by reader threads, so a
-   flood cannot deadlock the parent.
+1. **Separate process**: a fresh fork of this process's fork server
+   (:mod:`lopd.sandbox.server`: ``sys.executable -I -S -B child.pyc --server``, compiled from
+   :mod:`lopd.sandbox.child` and :mod:`lopd.sandbox.plain`, which has imported what a child
+   needs and never runs user code itself), one fork per program. Its cwd and ``$HOME`` are a
+   fresh ``tempfile.mkdtemp()`` directory, removed afterwards whatever happens. The child gets
+   its own session / process group; on a wall clock timeout, on output past
+   ``max_output_bytes``, or when the session ends, the whole group is SIGKILLed (by the server,
+   which alone can tell whether the pid is still its unreaped child). Pipes are drained by
+   reader threads, so a flood cannot deadlock the parent.
 2. **Scrubbed environment**: only ``PATH``, ``HOME``, ``LANG``, ``PYTHONDONTWRITEBYTECODE``,
-   ``PYTHONHASHSEED`` (``-I`` makes the interpreter ignore the ``PYTHON*`` ones). Only fds
-   0-2 are inherited.
+   ``PYTHONHASHSEED`` (``-I`` makes the interpreter ignore the ``PYTHON*`` ones). The child
+   keeps only fds 0-2 (its three pipes); it closes every other one before it confines itself.
 3. **Resource limits** (:mod:`lopd.sandbox.limits`): RLIMIT_CPU (timeout+1 s), RLIMIT_AS
    (``mem_mb``), RLIMIT_FSIZE (1 MiB), RLIMIT_NOFILE (32), RLIMIT_CORE (0), RLIMIT_NPROC (0
    once the child runs as an unprivileged user, so fork/clone - threads included - fail).

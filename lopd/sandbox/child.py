@@ -1,19 +1,26 @@
 """The sandbox's child program.
 
-The parent (:mod:`lopd.sandbox.session`) copies this file and :mod:`lopd.sandbox.plain` (the
-codec it shares with the parent) into a fresh temp dir and runs ``python -I -S -B child.py``
-there. Standard library only; nothing runs at import.
+The parent (:mod:`lopd.sandbox.server`) writes this file and :mod:`lopd.sandbox.plain` (the
+codec it shares with the parent), with their bytecode, into a temp dir and starts ``python -I
+-S -B child.pyc --server <fd>`` there once per parent process: the **fork server**
+(:func:`server`). It imports everything a child needs, then waits on the socket ``fd``; for
+each program the parent sends the program's temp dir and limits together with the three pipe
+ends that become the program's stdin, stdout and stderr. The server forks; the fork confines
+itself (:func:`start_child`, then :func:`confine`) and runs :func:`run`. The server never
+reads a payload or runs user code, so every program starts from the same pristine process.
+Standard library only; nothing runs at import.
 
-**Protocol.** ``payload.json`` (reply marker, code, function name, recursion limit) is read
-and deleted before the user code runs. The child defines the code in a fresh ``__main__``,
-answers sequence number 0 (defined, or why not), then one request per line of its original
-stdin, ``[seq, args, kwargs]`` in plain data (``args`` ``None`` ends the session), each with
-one line on a private duplicate of its original stdout: ``<marker> <seq> <status> <body>``,
-status ``ok`` (body: the return value), ``error`` (body: the exception, as a string) or
-``refused`` (the audit hook refused something so far, even if the user code swallowed it).
-The user code's fd 0 reads ``/dev/null`` and its fd 1 writes to stderr. No reply decides a
-score by itself: the parent decodes it as plain data and compares it with what the child
-never sees, so even a forged reply can only claim a value the code could have returned.
+**Protocol of one program.** ``payload.json`` (reply marker, code, function name, recursion
+limit) is read and deleted before the user code runs. The child defines the code in a fresh
+``__main__``, answers sequence number 0 (defined, or why not), then one request per line of
+its original stdin, ``[seq, args, kwargs]`` in plain data (``args`` ``None`` ends the
+session), each with one line on a private duplicate of its original stdout: ``<marker> <seq>
+<status> <body>``, status ``ok`` (body: the return value), ``error`` (body: the exception, as
+a string) or ``refused`` (the audit hook refused something so far, even if the user code
+swallowed it). The user code's fd 0 reads ``/dev/null`` and its fd 1 writes to stderr. No
+reply decides a score by itself: the parent decodes it as plain data and compares it with
+what the child never sees, so even a forged reply can only claim a value the code could have
+returned.
 
 The audit hook (:func:`make_guard`) is the in-process barrier; its rules are listed in
 :mod:`lopd.sandbox`.
@@ -40,28 +47,33 @@ FSIZE_BYTES = 1 << 20
 NOFILE = 32
 
 
-def unshare_net() -> None:
-    """``unshare(CLONE_NEWNET)``: an empty network namespace (os.unshare from Python 3.12)."""
+def bind_unshare():
+    """A callable doing ``unshare(CLONE_NEWNET)`` (an empty network namespace), resolved now:
+    ``os.unshare`` from Python 3.12, ``libc.unshare`` through ctypes before that. Bound once in
+    the parent or the fork server, never after a fork."""
     if hasattr(os, "unshare"):
-        os.unshare(CLONE_NEWNET)
-        return
+        return lambda: os.unshare(CLONE_NEWNET)
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(ctypes.c_int(CLONE_NEWNET)) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+    fn = ctypes.CDLL(None, use_errno=True).unshare
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+
+    def unshare() -> None:
+        if fn(CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+
+    return unshare
 
 
 def confine(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare=None) -> None:
-    """Namespace, rlimits, uid: the first thing the child does, before the payload is read.
+    """Namespace, rlimits, uid: the first thing a forked child does, before the payload is read.
 
-    Done here rather than in a ``preexec_fn`` so that the parent can start the child with
-    ``vfork`` (a ``preexec_fn`` forces a full ``fork`` of the parent, which with torch loaded
-    costs ~20 ms of page-table copying per program and stalls the parent's other threads).
-    Nothing untrusted has run yet, so the order relative to ``exec`` does not matter.
+    Done in the child (forked from the small fork server), never in the parent: forking the
+    parent, with torch loaded, costs ~20 ms of page-table copying per program and stalls its
+    other threads. ``unshare`` comes from :func:`bind_unshare`, bound before the fork.
     """
     if netns:
-        (unshare or unshare_net)()
+        (unshare or bind_unshare())()
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_BYTES, FSIZE_BYTES))
@@ -357,14 +369,14 @@ def serve(fn, reply, next_request, loads, exit_) -> None:
         reply(seq, "ok", value)
 
 
-def main() -> None:
+def run(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare) -> None:
+    """One program, in a fork of the server whose cwd is already the program's temp dir:
+    confine, read the payload, install the hook, define the code, answer calls. Never returns."""
     import builtins
     import types
     from builtins import BaseException
 
-    # argv: child.py <cpu seconds> <address-space bytes> <netns 0|1> <drop uid 0|1>
-    cpu_s, mem_bytes, netns, drop = (int(a) for a in sys.argv[1:5])
-    confine(cpu_s, mem_bytes, bool(netns), bool(drop))
+    confine(cpu_s, mem_bytes, netns, drop, unshare)
     tmp = os.path.realpath(os.getcwd())
     dumps, loads = make_codec()
     with open("payload.json", "rb") as fh:
@@ -393,5 +405,121 @@ def main() -> None:
     serve(fn, reply, next_request, loads, exit_)
 
 
+# ------------------------------------------------------------------ the fork server
+def start_child(fds, tmp: str, limits, unshare) -> None:
+    """In a fresh fork of the server: own session and process group (the parent kills the
+    group), default signal dispositions, ``fds`` as 0/1/2 and no other descriptor, cwd and
+    ``$HOME`` the program's temp dir; then :func:`run`. Never returns."""
+    import signal
+
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.closerange(3, 1 << 20)  # the server's socket and wake-up pipe, the received fds
+    os.chdir(tmp)
+    os.environ["HOME"] = tmp
+    run(*limits, unshare)
+
+
+def server(ctl_fd: int) -> None:
+    """The fork server's loop (single-threaded, so ``fork`` is safe). Messages on the
+    ``SOCK_SEQPACKET`` socket ``ctl_fd``, one per packet, ASCII:
+
+    - in: ``spawn <id> <cpu_s> <mem_bytes> <netns> <drop> <tmp>`` with three fds attached
+      (the program's stdin, stdout, stderr); out: ``spawned <id> <pid>`` or ``failed <id> <why>``;
+    - in: ``kill <pid>``: SIGKILL the program's process group, only while the pid is still its
+      unreaped child (a reaped pid may already be someone else's);
+    - out: ``exit <pid> <wait status>`` when a program ends (reaped on SIGCHLD).
+
+    When the parent's end closes (it exited or was killed), every live program is killed and
+    the server exits: it never outlives its parent's use of it.
+    """
+    import _thread  # noqa: F401  (preloaded: each child imports it; a fork then finds it loaded)
+    import posix  # noqa: F401
+    import select
+    import signal
+    import socket
+    import stat  # noqa: F401
+    import types  # noqa: F401
+
+    ctl = socket.socket(fileno=ctl_fd)
+    unshare = bind_unshare()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes wake_w
+    live: set = set()
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            live.discard(pid)
+            ctl.send(b"exit %d %d" % (pid, status))
+
+    def kill(pid: int) -> None:
+        if pid in live:
+            for fn in (os.killpg, os.kill):
+                try:
+                    fn(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    ctl.send(b"ready %d" % os.getpid())
+    try:
+        while True:
+            ready = select.select([ctl, wake_r], [], [])[0]
+            if wake_r in ready:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                reap()
+            if ctl not in ready:
+                continue
+            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
+            if not msg:
+                break  # the parent is gone
+            words = msg.decode().split(" ", 6)
+            if words[0] == "kill":
+                kill(int(words[1]))
+                continue
+            if words[0] != "spawn" or len(words) != 7 or len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                ident = words[1] if len(words) > 1 else "?"
+                ctl.send(b"failed " + ident.encode() + b" malformed request")
+                continue
+            ident, tmp = words[1], words[6]
+            limits = (int(words[2]), int(words[3]), words[4] == "1", words[5] == "1")
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    start_child(fds, tmp, limits, unshare)  # never returns
+                except BaseException:
+                    sys.excepthook(*sys.exc_info())  # to the program's stderr, which the parent reads
+                finally:
+                    os._exit(70)
+            for fd in fds:
+                os.close(fd)
+            live.add(pid)
+            ctl.send(b"spawned %s %d" % (ident.encode(), pid))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone
+    for pid in list(live):
+        kill(pid)
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] != ["--server"] or len(sys.argv) != 3:
+        raise SystemExit("usage: child.pyc --server <socket fd> (started by lopd.sandbox.server)")
+    server(int(sys.argv[2]))

@@ -10,33 +10,19 @@ import sys
 import tempfile
 import threading
 
-from lopd.sandbox.child import CLONE_NEWNET as _CLONE_NEWNET
-from lopd.sandbox.child import NOBODY
+from lopd.sandbox.child import NOBODY, bind_unshare
 
 _ISO_LOCK = threading.Lock()
 _ISO: dict | None = None
-_LIBC_UNSHARE = None
+_UNSHARE = None
 
 
 def unshare_fn():
-    """A callable doing ``unshare(CLONE_NEWNET)``, resolved in the parent (not after fork)."""
-    global _LIBC_UNSHARE
-    if hasattr(os, "unshare"):
-        return lambda: os.unshare(_CLONE_NEWNET)
-    if _LIBC_UNSHARE is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.unshare
-        fn.argtypes = [ctypes.c_int]
-        fn.restype = ctypes.c_int
-
-        def call() -> None:
-            if fn(_CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
-
-        _LIBC_UNSHARE = call
-    return _LIBC_UNSHARE
+    """A callable doing ``unshare(CLONE_NEWNET)``, resolved once in this process (not after fork)."""
+    global _UNSHARE
+    if _UNSHARE is None:
+        _UNSHARE = bind_unshare()
+    return _UNSHARE
 
 
 def limit_args(timeout_s: float, mem_mb: int) -> tuple[int, int]:

@@ -7,17 +7,11 @@ expected output or a test, so nothing it can do beats returning the right values
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
-import importlib.util
-import marshal
 import os
 import queue
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,6 +19,7 @@ from dataclasses import dataclass
 
 from lopd.sandbox.plain import make_codec
 from lopd.sandbox.limits import NOBODY, isolation, limit_args
+from lopd.sandbox.server import Program, fork_server
 
 STATUSES = ("ok", "timeout", "error", "killed", "refused", "no_output")
 RECURSION_LIMIT = 1000
@@ -63,26 +58,6 @@ class SessionOver(BaseException):
     def __init__(self, result: SandboxResult):
         super().__init__(result.detail)
         self.result = result
-
-
-CHILD_FILES = ("child.py", "plain.py")  # the child program and the codec it imports
-
-
-@functools.lru_cache(maxsize=None)
-def child_source(name: str = "child.py") -> bytes:
-    """One file of the child program (``lopd/sandbox/<name>``), read as package data."""
-    return importlib.resources.files("lopd.sandbox").joinpath(name).read_bytes()
-
-
-@functools.lru_cache(maxsize=None)
-def child_bytecode(name: str = "child.py") -> bytes:
-    """``child_source(name)`` compiled once by this interpreter (the child's), as an unchecked
-    hash-based ``.pyc``: the child loads it rather than compiling the source, ~6 ms of a
-    run's ~30 ms start-up."""
-    src = child_source(name)
-    code = compile(src, name, "exec", dont_inherit=True)  # the source's own __future__ flags only
-    flags = (0b01).to_bytes(4, "little")  # hash-based, source not checked (it is written beside it)
-    return importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(src) + marshal.dumps(code)
 
 
 class _Drain(threading.Thread):
@@ -144,7 +119,9 @@ class Session:
         self._timed_out = threading.Event()
         self._flooded = threading.Event()
         self._marker = "@@LOPD-" + secrets.token_hex(16)
-        self._proc: subprocess.Popen | None = None
+        self._server = None
+        self._program: Program | None = None
+        self._stdin = self._stdout = self._stderr = None
         self._drains: list[_Drain] = []
         self._watchdog: threading.Timer | None = None
         self._tmp = tempfile.mkdtemp(prefix="lopd-sbx-")
@@ -189,57 +166,46 @@ class Session:
         """Kill the child's process group, reap it, remove the temp dir. Idempotent."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        proc = self._proc
-        if proc is not None:
+        if self._program is not None:
             self._kill()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            self._program.exited.wait(timeout=5)
             for d in self._drains:
                 d.join(timeout=2.0)
-            for s in (proc.stdin, proc.stdout, proc.stderr):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+        for f in (self._stdin, self._stdout, self._stderr):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     # -------------------------------------------------------------- child process
     def _spawn(self) -> None:
+        """Write the payload into the temp dir, then have the fork server fork the child, with
+        three fresh pipes as its stdin, stdout and stderr."""
         iso = isolation()
-        # the sources as they are, and the bytecode the child runs: child.pyc, and (found by the
-        # import of plain beside plain.py) __pycache__/plain.<tag>.pyc
-        cache = os.path.join(self._tmp, "__pycache__")
-        os.mkdir(cache)
-        program = os.path.join(self._tmp, "child.pyc")
-        written = {os.path.join(self._tmp, name): child_source(name) for name in CHILD_FILES}
-        written[program] = child_bytecode("child.py")
-        written[os.path.join(self._tmp, importlib.util.cache_from_source("plain.py"))] = child_bytecode("plain.py")
-        for path, data in written.items():
-            with open(path, "wb") as fh:
-                fh.write(data)
         payload = os.path.join(self._tmp, "payload.json")
         with open(payload, "w") as fh:
             fh.write(dumps_plain({"marker": self._marker, "code": self.code, "fn": self.fn_name,
                                   "recursion_limit": RECURSION_LIMIT}))
         if iso["drop_uid"]:
-            for p in (self._tmp, cache, payload, *written):
+            for p in (self._tmp, payload):
                 os.chown(p, NOBODY, NOBODY)
-        env = {"PATH": "/usr/bin:/bin", "HOME": self._tmp, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         cpu_s, mem_bytes = limit_args(self.timeout_s, self.mem_mb)
-        confine = [str(cpu_s), str(mem_bytes), str(int(iso["netns"])), str(int(iso["drop_uid"]))]
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        self._stdin, self._stdout, self._stderr = open(in_w, "wb"), open(out_r, "rb"), open(err_r, "rb")
         self._deadline = time.monotonic() + self.timeout_s
-        self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", program, *confine], cwd=self._tmp, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True,  # no preexec_fn: the child confines itself (vfork)
-        )
+        try:
+            self._server = fork_server()
+            self._program = self._server.spawn(self._tmp, cpu_s, mem_bytes, iso["netns"], iso["drop_uid"],
+                                                (in_r, out_w, err_w))
+        finally:
+            for fd in (in_r, out_w, err_w):  # the child's ends: it holds its own copies now
+                os.close(fd)
         self._drains = [
-            _Drain(self._proc.stdout, self.max_output_bytes, self._on_flood,
+            _Drain(self._stdout, self.max_output_bytes, self._on_flood,
                    on_line=self._on_line, on_eof=lambda: self._replies.put(None)),
-            _Drain(self._proc.stderr, self.max_output_bytes, self._on_flood),
+            _Drain(self._stderr, self.max_output_bytes, self._on_flood),
         ]
         for d in self._drains:
             d.start()
@@ -248,14 +214,8 @@ class Session:
         self._watchdog.start()
 
     def _kill(self) -> None:
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return  # reaped: its pid may already belong to someone else
-        for fn in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-            try:
-                fn()
-            except OSError:
-                pass
+        if self._program is not None:
+            self._server.kill(self._program)  # a no-op once the server has reaped it
 
     def _on_timeout(self) -> None:
         self._timed_out.set()
@@ -283,8 +243,8 @@ class Session:
 
     def _exchange(self, request: str):
         try:
-            self._proc.stdin.write(request.encode() + b"\n")
-            self._proc.stdin.flush()
+            self._stdin.write(request.encode() + b"\n")
+            self._stdin.flush()
         except (OSError, ValueError):
             pass  # the child is gone: its stdout's end says how
         return self._receive(self._seq)
@@ -317,10 +277,8 @@ class Session:
     def _end_after_exit(self):
         """The child is gone (or must go): say why, from how it ended."""
         self._kill()
-        try:
-            rc = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            rc = None
+        self._program.exited.wait(timeout=5)
+        rc = self._program.returncode  # None: not reaped in time, or the fork server died
         for d in self._drains:
             d.join(timeout=2.0)
         if self._timed_out.is_set():
@@ -335,6 +293,8 @@ class Session:
             except ValueError:
                 name = f"signal {-rc}"
             self._end("killed", name)
+        if rc is None and self._server.dead:
+            self._end("killed", "the sandbox's fork server died")  # not the program's doing: never cached
         if rc == 0:
             self._end("no_output", "exited without a result")
         self._end("error", _last_line(bytes(self._drains[1].tail)) or f"exit code {rc}")
