@@ -18,7 +18,8 @@ Guarantees kept:
 * Nothing the stage writes depends on the server (it forks before any torch computation, so
   no OpenMP pool is inherited; each stage seeds and sets its thread count as in-process).
 * ``LOPD_WARM=0`` disables it; it is only used under DVC (``DVC_ROOT`` set) and never under
-  ``torchrun`` (``RANK`` set) or while recording reads.
+  ``torchrun`` (``RANK`` set). While recording reads (``LOPD_RECORD_DIR``) it preloads the
+  libraries only, so each stage imports (and records) its own ``lopd`` modules.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def address(owner: int, root: str) -> str:
 def wanted(argv: list[str] | None) -> bool:
     env = os.environ
     return (argv is None and env.get("LOPD_WARM", "1") != "0" and "DVC_ROOT" in env and "RANK" not in env
-            and "LOPD_RECORD_DIR" not in env and sys.platform.startswith("linux"))
+            and sys.platform.startswith("linux"))
 
 
 # --------------------------------------------------------------------------- wire format
@@ -155,17 +156,24 @@ def run_client(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- server
-def _preload() -> None:
-    """Import what stages import, without running any torch computation (fork-safe)."""
-    import lopd.cli  # noqa: F401
-    from lopd.pipeline import STAGES
+LIBRARIES = ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
+             "matplotlib")
+OWN_MODULES = ("lopd.cli", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
+               "lopd.evaluate", "lopd.training.run", "lopd.search.hpo", "lopd.cold_start", "lopd.base_policy",
+               "lopd.tracking")
 
-    for name in STAGES:
-        __import__(f"lopd.pipeline.{name}")
-    for mod in ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
-                "matplotlib", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
-                "lopd.evaluate", "lopd.training.run", "lopd.search.hpo", "lopd.cold_start", "lopd.base_policy",
-                "lopd.tracking"):
+
+def _preload(own: bool = True) -> None:
+    """Import what stages import, without running any torch computation (fork-safe). ``own=False``
+    (while recording reads): the libraries only, so that each stage still imports, and records,
+    exactly the ``lopd`` modules it needs (this module and the ``lopd`` package aside, which every
+    stage's ``lopd`` command imports first anyway)."""
+    mods = list(LIBRARIES)
+    if own:
+        from lopd.pipeline import STAGES
+
+        mods = ["lopd.cli", *(f"lopd.pipeline.{name}" for name in STAGES), *mods, *OWN_MODULES]
+    for mod in mods:
         try:
             __import__(mod)
         except ImportError:
@@ -229,6 +237,7 @@ def _child(conn: socket.socket) -> None:
     threading.Thread(target=_watch_connection, args=(conn,), daemon=True).start()
     rc = 1
     try:
+        import lopd.warm  # noqa: F401 - as in a stage run in its own process, whose `lopd` command imports it first
         from lopd.cli import run_in_process
 
         rc = run_in_process(req["argv"])
@@ -259,9 +268,11 @@ def serve(owner: int, root: str) -> None:
     except OSError:
         return  # another server for this owner is already up
     t0, cpu0 = time.time(), time.process_time()
-    _preload()
-    _open_tracking(root)
-    _write_preload_timing(root, owner, t0, time.process_time() - cpu0)
+    recording = bool(os.environ.get("LOPD_RECORD_DIR"))  # the environment of the client that started us
+    _preload(own=not recording)
+    if not recording:  # both import lopd modules that a stage's record must not show unless it imports them
+        _open_tracking(root)
+        _write_preload_timing(root, owner, t0, time.process_time() - cpu0)
     sock.listen(16)
     sock.settimeout(POLL_S)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically

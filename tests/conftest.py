@@ -149,7 +149,8 @@ def run_smoke(dst: Path, record: bool) -> Smoke:
 
 @pytest.fixture(scope="session")
 def smoke_recorded(tmp_path_factory) -> Smoke:
-    """The smoke pipeline, every stage in its own process recording its reads (no warm worker)."""
+    """The smoke pipeline, every stage recording its reads: forked from a warm worker that preloaded
+    only the libraries (lopd.warm), so each stage imports, and records, its own ``lopd`` modules."""
     return run_smoke(tmp_path_factory.mktemp("smoke-rec") / "repo", record=True)
 
 

@@ -160,3 +160,21 @@ def test_the_comparison_follows_a_fingerprint_to_its_code_stage():
     assert compare(rec, stage_declarations(dvc, "train"), keys) == (
         ["train@lopd-0: params key train.steps is read but not declared"]
         + [f"train@lopd-0: module {m} is imported but not declared" for m in rec["modules"]])
+
+
+def test_a_recording_warm_worker_preloads_no_lopd_code():
+    """While reads are recorded, the warm worker (``python -m lopd.warm``) preloads the libraries only:
+    a ``lopd`` module it imported would show in every stage's record, declared or not; with the
+    full preload it would (the check can fail)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from lopd.warm import _preload; _preload(own={own}); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lopd'))")
+    lean = subprocess.run([sys.executable, "-c", probe.format(own=False)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert lean.returncode == 0, lean.stderr
+    assert lean.stdout.split("\n")[-2] == "['lopd', 'lopd.warm']", lean.stdout
+    full = subprocess.run([sys.executable, "-c", probe.format(own=True)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert full.returncode == 0 and "lopd.training.trainer" in full.stdout, full.stdout + full.stderr

@@ -216,8 +216,10 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
 
 
 def test_two_clean_repros_give_identical_lock_and_reports(smoke_recorded, smoke_warm):
-    """Every DVC output is a deterministic function of its deps: a recorded (one process per stage)
-    and a warm (stages forked from one worker) clean repro agree byte for byte."""
+    """Every DVC output is a deterministic function of its deps: two clean repros agree byte for
+    byte, one recording reads (its worker preloaded the libraries only; each stage imports its own
+    ``lopd`` code and opens the tracking store itself) and one as ``make repro`` runs it (the
+    worker preloaded ``lopd`` and opened the store)."""
     a, b = smoke_recorded.repo, smoke_warm.repo
     assert (a / "dvc.lock").read_text() == (b / "dvc.lock").read_text()
     for f in sorted((a / "reports").rglob("*")):
