@@ -439,6 +439,28 @@ def test_fork_server_restarts_after_it_dies():
     assert srv.fork_server() is not old and old.dead
 
 
+def test_a_wedged_fork_server_is_replaced(monkeypatch):
+    """A server that stops answering (SIGSTOPped here) fails the spawn with ServerDied after the
+    reply timeout, is marked dead (no request of it is left pending), and the next program starts
+    a new server; the stopped one is reaped, not left behind."""
+    from lopd.sandbox import server as srv
+
+    old = srv.fork_server()
+    monkeypatch.setattr(srv, "_REPLY_TIMEOUT_S", 0.5)
+    os.kill(old.proc.pid, signal.SIGSTOP)
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    try:
+        with pytest.raises(srv.ServerDied, match="did not answer"):
+            old.spawn(tempfile.gettempdir(), 1, 1 << 28, False, False, null)
+        assert old.dead and old._pending == {}
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+        for fd in null:
+            os.close(fd)
+    assert run_calls(CORRECT, "f", CALLS).outputs == [5, 7, -3]
+    assert srv.fork_server() is not old and old.proc.poll() is not None
+
+
 def test_plain_codec_round_trip_and_exact_types():
     value = [None, True, 0, -7, 2.5, -0.0, float("inf"), "é\n\"", (1, ("a",)), {1: "x", "k": [()], (2, 3): None},
              {1, 2}, frozenset({"f"}), [], {}, set(), 10 ** 50]

@@ -22,6 +22,7 @@ import itertools
 import marshal
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -139,6 +140,7 @@ class ForkServer:
             self._died()
             raise ServerDied(f"the sandbox's fork server is gone ({e})") from None
         if not done.wait(_REPLY_TIMEOUT_S):
+            self._died()  # wedged: treat as gone (drops this request; the next spawn starts a new server)
             raise ServerDied("the sandbox's fork server did not answer in time")
         if isinstance(slot[0], Program):
             return slot[0]
@@ -210,7 +212,7 @@ class ForkServer:
         for program in programs.values():
             for fn in (os.killpg, os.kill):
                 try:
-                    fn(program.pid, 9)
+                    fn(program.pid, signal.SIGKILL)
                 except OSError:
                     pass
             program.exited.set()  # status None: unknown
