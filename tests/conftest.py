@@ -6,8 +6,9 @@ trainer, arms, checkpoints and search can start from real artefacts in seconds. 
 rooted at the workspace (``workspace.paths``), never at the working directory; tests must not
 modify the shared artefacts (write under their own ``tmp_path``).
 
-``smoke_recorded`` / ``smoke_warm``: the whole smoke pipeline (``dvc repro`` in a clean copy of
-the repository), once per session each; every end-to-end test shares them.
+``smoke_recorded``: the whole smoke pipeline (``dvc repro`` in a clean copy of the repository,
+every stage recording its reads), once per session; every end-to-end test shares it (the
+kill-anywhere chain compares its interrupted ``lopd repro`` with it byte for byte).
 """
 
 from __future__ import annotations
@@ -152,12 +153,6 @@ def smoke_recorded(tmp_path_factory) -> Smoke:
     """The smoke pipeline, every stage recording its reads: forked from a warm worker that preloaded
     only the libraries (lopd.warm), so each stage imports, and records, its own ``lopd`` modules."""
     return run_smoke(tmp_path_factory.mktemp("smoke-rec") / "repo", record=True)
-
-
-@pytest.fixture(scope="session")
-def smoke_warm(tmp_path_factory) -> Smoke:
-    """The smoke pipeline as `make repro` runs it: stages forked from the warm worker."""
-    return run_smoke(tmp_path_factory.mktemp("smoke-warm") / "repo", record=False)
 
 
 def default_params(over: dict | None = None):
