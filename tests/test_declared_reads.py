@@ -164,8 +164,8 @@ def test_the_comparison_follows_a_fingerprint_to_its_code_stage():
 
 def test_a_recording_warm_worker_preloads_no_lopd_code():
     """While reads are recorded, the warm worker (``python -m lopd.warm``) preloads the libraries only:
-    a ``lopd`` module it imported would show in every stage's record, declared or not; with the
-    full preload (``own=True``: what ``make repro``'s worker does) it would."""
+    a ``lopd`` module it imported would show in every stage's record, declared or not (the full
+    preload, ``own=True``, what ``make repro``'s worker does, imports most of ``lopd``)."""
     import subprocess
     import sys
 

@@ -153,8 +153,8 @@ class Point:
 # Dense enough to hit DVC's rewrite of dvc.lock: every "lock" point kills it mid-write (the
 # guard must restore it); "mid" points kill inside the stage's own command.
 POINTS = [Point("prepare", "mid", 0.25), Point("prepare", "lock", 0.0), Point("base", "mid", 0.25),
-          Point("bank", "mid"), Point("bank", "lock", 0.05), Point("cold_start", "mid"),
-          Point("hpo", "mid", until="trial:2"),
+          Point("bank", "mid"), Point("cold_start", "mid"),
+          Point("hpo", "mid", until="trial:2"), Point("hpo", "lock", 0.2),
           Point("train@lopd", "mid", until="checkpoints/{item}/meta.json"), Point("train@lopd", "lock", 0.0),
           Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.1), Point("report", "mid", 0.25),
           Point("report", "lock", 0.0)]

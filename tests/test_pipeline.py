@@ -215,6 +215,25 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     assert "Running stage" not in again.stdout, f"a second repro re-ran stages:\n{again.stdout}"
 
 
+def test_a_stage_in_its_own_process_writes_what_the_warm_fork_wrote(smoke_recorded, tmp_path):
+    """Outputs do not depend on the warm worker: ``lopd train`` run in its own fresh process
+    (outside DVC, no worker) rewrites the LOPD run that the smoke repro's forked stage wrote, byte
+    for byte (the kill-anywhere chain compares the two warm modes, library-only and full preload)."""
+    import filecmp
+    import shutil
+
+    repo = _copy(smoke_recorded, tmp_path / "repo")
+    shutil.rmtree(repo / "runs/lopd-0")
+    r = run_cmd([str(BIN / "lopd"), "train", "--arm", "lopd", "--seed", "0"], repo, 600, LOPD_WARM="0",
+                DVC_ROOT=None, LOPD_RECORD_DIR=None)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref, got = smoke_recorded.repo / "runs/lopd-0", repo / "runs/lopd-0"
+    names = sorted(f.name for f in ref.iterdir())
+    assert names == sorted(f.name for f in got.iterdir()) and "student.safetensors" in names, names
+    match, mismatch, errors = filecmp.cmpfiles(ref, got, names, shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+
+
 @pytest.mark.slow
 def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_path):
     repo = _copy(smoke_recorded, tmp_path / "repo")
