@@ -150,8 +150,10 @@ class Point:
         return path.exists
 
 
-# Dense enough to hit DVC's rewrite of dvc.lock: every "lock" point kills it mid-write (the
-# guard must restore it); "mid" points kill inside the stage's own command.
+# Dense enough to hit DVC's rewrite of dvc.lock: the later "lock" points (hpo, train, evaluate,
+# report: the longer rewrites) kill it mid-write and the guard must restore it; the one after
+# prepare usually lands after the write (the next guard must then find the lock complete).
+# "mid" points kill inside the stage's own command.
 POINTS = [Point("prepare", "mid", 0.25), Point("prepare", "lock", 0.0), Point("base", "mid", 0.25),
           Point("bank", "mid"), Point("cold_start", "mid"),
           Point("hpo", "mid", until="trial:2"), Point("hpo", "lock", 0.2),
