@@ -108,13 +108,13 @@ def _c(t):
 def _op(t, a, b):
     """The operation call of ``t`` on arguments (a, b) in the world's conventions."""
     c = _c(t)
-    return f"{c['op']} {c['unit']} {a} {b}"
+    return f"{c['op']} in {c['unit']} {a} {b}"
 
 
 def _pre(t, *args):
-    """The prerequisite call in ``t``'s conventions: ``<prereq> <key> ARGS``."""
+    """The prerequisite call in ``t``'s conventions: ``<prereq> as <key> ARGS``."""
     c = _c(t)
-    return " ".join([c["prereq"], c["key"], *map(str, args)])
+    return " ".join([c["prereq"], "as", c["key"], *map(str, args)])
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -215,8 +215,12 @@ def test_wrong_key_refuses_the_prerequisite(env, tasks):
         c, fam = _c(t), FAMILIES[t.family]
         wrong = next(k for k in fam.pools["key"] if k != c["key"])
         ep = env.episode(t)
-        assert ep.step(" ".join([c["prereq"], wrong, *fam.prereq_args(t.spec)])).observation == "error key"
+        assert ep.step(" ".join([c["prereq"], "as", wrong, *fam.prereq_args(t.spec)])).observation == "error key"
         assert ep.step(c["prereq"]).observation == "error key"  # no key at all
+        # the right key without its marker, or after the unit's marker, is not the convention either
+        assert ep.step(" ".join([c["prereq"], c["key"], *fam.prereq_args(t.spec)])).observation == "error key"
+        assert ep.step(" ".join([c["prereq"], "in", c["key"], *fam.prereq_args(t.spec)])).observation == "error key"
+        assert not fam.prereq_done(ep.state)
 
 
 def test_wrong_unit_and_swapped_arguments(env, tasks):
@@ -225,10 +229,11 @@ def test_wrong_unit_and_swapped_arguments(env, tasks):
         a, b = fam.op_args(t.spec)
         ep = env.episode(t)
         wrong_unit = next(u for u in fam.pools["unit"] if u != c["unit"])
-        assert ep.step(f"{c['op']} {wrong_unit} {a} {b}").observation == "error unit"
-        assert env.episode(t).step(f"{c['op']} {c['unit']} {a}").observation == "error args"
+        assert ep.step(f"{c['op']} in {wrong_unit} {a} {b}").observation == "error unit"
+        assert env.episode(t).step(f"{c['op']} in {c['unit']} {a}").observation == "error args"
+        assert env.episode(t).step(f"{c['op']} {c['unit']} {a} {b}").observation == "error args"  # no marker
         if t.family != "thermo":  # (two digits there: swapped, they address the wrong room)
-            assert env.episode(t).step(f"{c['op']} {c['unit']} {b} {a}").observation == "error args"
+            assert env.episode(t).step(f"{c['op']} in {c['unit']} {b} {a}").observation == "error args"
 
 
 @pytest.mark.parametrize("actions", [[], [""], ["   "], ["hello world"], ["lookup"], ["pay 1 2 3 4"],

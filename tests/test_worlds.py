@@ -144,10 +144,10 @@ def test_successful_trajectory_reveals_tool_conventions():
         actions = [a.split() for role, a in msgs if role == "assistant"]
         c = t.spec["conventions"]
         assert [a[0] for a in actions if a[0] != "mode"] == [c["prereq"], c["op"], FAMILIES[t.family].closing]
-        assert actions[0][1] == c["key"]  # the prerequisite carries the world's key
+        assert actions[0][1:3] == ["as", c["key"]]  # the prerequisite carries the world's key after `as`
         op = next(a for a in actions if a[0] == c["op"])
-        assert op[1] == c["unit"]
-        assert op[2:4] == list(FAMILIES[t.family].op_args(t.spec))
+        assert op[1:3] == ["in", c["unit"]]  # the operation carries its unit after `in`
+        assert op[3:5] == list(FAMILIES[t.family].op_args(t.spec))
         # and a same-world task is solved with the same tool names and unit
         peer = next(u for u in tasks if u.world == t.world and u.task_id != t.task_id)
         assert peer.spec["conventions"] == c

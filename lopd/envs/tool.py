@@ -3,13 +3,15 @@
 Each *family* (:mod:`lopd.envs.tool_families`) has a procedure — a prerequisite call, an
 operation on two arguments, the family's closing call — and each *world* — a seeded instance
 of a family (:func:`lopd.envs.base.make_worlds`) — has its own **hidden conventions**: the key
-the prerequisite call carries (``<prereq> <key> ARGS``) and the unit word the operation carries
-(``<op> <unit> A B``); tool names are fixed per family. A prompt names its world and states the
+the prerequisite call carries (``<prereq> as <key> ARGS``) and the unit word the operation carries
+(``<op> in <unit> A B``); tool names are fixed per family, and every family draws its key and unit
+from the same two pools. A prompt names its world and states the
 goal, never the conventions; a successful trajectory in the same world shows both. Wrong
 conventions fail: a wrong key is ``error key`` (the prerequisite is not done), a wrong unit
 ``error unit``, and an operation before its prerequisite is refused. (Hidden tool names and an
 argument-order convention were tried and dropped: a two-layer model read neither well from
-experience. A key or unit follows a word that occurs once per trajectory, which it copies.)
+experience. A key or unit follows a marker that occurs once per trajectory, which it copies; see
+:data:`lopd.envs.tool_families.KEYS` for why the pools and markers are shared by all families.)
 
 Protocol: the policy emits one action per turn (``"<tool> <args...>"``), the environment
 answers with an observation; the episode ends when the family's closing tool is called or
@@ -24,8 +26,8 @@ from typing import Any
 
 from lopd.envs.base import (POOLS, SYLLABLES, StepResult, Task, WorldConfig, make_worlds, task_conventions,
                             task_rng, worlds_summary)
-from lopd.envs.tool_families import (AGENTS, DIGITS, FAMILIES, ITEMS, MAX_OPTIONS, OBS_WORDS,  # noqa: F401
-                                     PROMPT_WORDS, USERS, Family, State, split_action)
+from lopd.envs.tool_families import (ACTION_WORDS, AGENTS, DIGITS, FAMILIES, ITEMS, MAX_OPTIONS,  # noqa: F401
+                                     OBS_WORDS, PROMPT_WORDS, USERS, Family, State, split_action)
 
 
 class ToolEpisode:
@@ -103,8 +105,9 @@ class ToolEnv:
             if kind == 0:  # skip the step (e.g. forget the prerequisite)
                 continue
             w = a.split()
-            if kind == 1 and len(w) > 1:  # a wrong argument (or unit)
-                j = rng.randrange(1, len(w))
+            slots = [j for j in range(1, len(w)) if w[j] not in ACTION_WORDS]  # the markers are grammar, never noise
+            if kind == 1 and slots:  # a wrong argument (or key, or unit)
+                j = rng.choice(slots)
                 pool = DIGITS if w[j] in DIGITS else (fam.args_vocab() + fam.pools["unit"][:self.world_cfg.n_options]
                                                       + fam.pools["key"][:self.world_cfg.n_options])
                 w[j] = rng.choice(pool)
@@ -121,7 +124,7 @@ class ToolEnv:
         return worlds_summary(self.worlds)
 
     def vocabulary(self) -> list[str]:
-        words = {*OBS_WORDS, *PROMPT_WORDS}
+        words = {*OBS_WORDS, *PROMPT_WORDS, *ACTION_WORDS}
         for fam in FAMILIES.values():
             words.update([fam.name, fam.closing, *fam.extra_tools, *fam.args_vocab()])
             words.update(o for opts in fam.pools.values() for o in opts)

@@ -2,9 +2,9 @@
 
 A family fixes a procedure — a prerequisite call, an operation on two arguments, a closing
 call, each with a fixed tool name — and the option pools a world's conventions are drawn from:
-the key the prerequisite carries and the unit word the operation carries (``prereq`` and ``op``
-are pools of one). With two hidden slots of two options, a guess without experience succeeds in
-about a quarter of the worlds, which keeps the base policy's no-context reward inside the range
+the key the prerequisite carries after ``as`` and the unit word the operation carries after
+``in`` (``prereq`` and ``op`` are pools of one; the key and unit pools are shared by every
+family). With two hidden slots of two options, a guess without experience succeeds in about a quarter of the worlds, which keeps the base policy's no-context reward inside the range
 issue 13 asks for under the goal-gated reward below. :class:`Family` applies the conventions; subclasses say what each step does.
 """
 
@@ -20,6 +20,16 @@ USERS = ["ana", "bob", "cy", "dee", "eve"]
 AGENTS = ["kim", "lee", "max", "ned"]
 DIGITS = [str(i) for i in range(10)]
 MAX_OPTIONS = 4  # the key and unit slots have this many options (the tool-name pools have one)
+# Every family draws its key (an access role) and its unit (an API version) from the same two pools, and
+# the convention word follows a marker shared by every family: `<prereq> as <key> ARGS`, `<op> in <unit> A
+# B`. Copying a convention from experience is then one skill per slot, "the word after the last `as`", as in
+# the code domain, whose scale and offset follow `*` and `+` with the same options in every family. With a
+# key and unit pool of its own per family, following the family's own tool name, the 64 x 2 base policy
+# learnt the copy separately for each of the 8 (family, slot) pairs, each abruptly and at its own step,
+# and after 5000 steps it copied about half of them (the other half at chance; `bench/copy_curve.py`).
+KEYS = ["admin", "staff", "guest", "owner"]
+UNITS = ["v1", "v2", "v3", "v4"]
+KEY_MARK, UNIT_MARK = "as", "in"
 
 
 @dataclass
@@ -116,15 +126,15 @@ class Family(ABC):
         if not w:
             return "error unknown"
         if w[0] == c["prereq"]:
-            if len(w) < 2 or w[1] != c["key"]:
+            if len(w) < 3 or w[1] != KEY_MARK or w[2] != c["key"]:
                 return "error key"
-            return self.on_prereq(st, w[2:])
+            return self.on_prereq(st, w[3:])
         if w[0] == c["op"]:
-            if len(w) != 4:
+            if len(w) != 5 or w[1] != UNIT_MARK:
                 return "error args"
-            if w[1] != c["unit"]:
+            if w[2] != c["unit"]:
                 return "error unit"
-            a, b = w[2], w[3]
+            a, b = w[3], w[4]
             return self.on_op(st, a, b)
         if w[0] == self.closing:
             return self.on_close(st, w[1:])
@@ -132,19 +142,27 @@ class Family(ABC):
             return self.on_extra(st, w)
         return "error unknown"
 
+    @staticmethod
+    def prereq_call(conv: dict[str, str], args: list[str]) -> str:
+        """``<prereq> as <key> ARGS`` in conventions ``conv``."""
+        return " ".join([conv["prereq"], KEY_MARK, conv["key"], *args])
+
+    @staticmethod
+    def op_call(conv: dict[str, str], a: str, b: str) -> str:
+        """``<op> in <unit> A B`` in conventions ``conv``."""
+        return " ".join([conv["op"], UNIT_MARK, conv["unit"], a, b])
+
     def solve(self, spec: dict) -> list[str]:
         c = spec["conventions"]
-        a, b = self.op_args(spec)
-        return [" ".join([c["prereq"], c["key"], *self.prereq_args(spec)]), *self.extra_steps(spec),
-                f"{c['op']} {c['unit']} {a} {b}", " ".join([self.closing, *self.close_args(spec)])]
+        return [self.prereq_call(c, self.prereq_args(spec)), *self.extra_steps(spec), self.op_call(c, *self.op_args(spec)),
+                " ".join([self.closing, *self.close_args(spec)])]
 
 
 class Inventory(Family):
-    """Prerequisite ``<prereq> ITEM`` (reveals the stock) before ``<op> <unit> ITEM QTY``."""
+    """Prerequisite ``<prereq> as <key> ITEM`` (reveals the stock) before ``<op> in <unit> ITEM QTY``."""
 
     name, closing = "inventory", "commit"
-    pools = {"prereq": ["lookup"], "key": ["shelf", "bin", "rack", "yard"], "op": ["put"],
-             "unit": ["pcs", "kg", "box", "lot"]}
+    pools = {"prereq": ["lookup"], "key": KEYS, "op": ["put"], "unit": UNITS}
 
     def make(self, rng):
         item, q = rng.choice(ITEMS), rng.randrange(10)
@@ -185,11 +203,10 @@ class Inventory(Family):
 
 
 class Bank(Family):
-    """Prerequisite ``<prereq>`` (authenticates) before ``<op> <unit> USER AMOUNT``."""
+    """Prerequisite ``<prereq> as <key>`` (authenticates) before ``<op> in <unit> USER AMOUNT``."""
 
     name, closing = "bank", "logout"
-    pools = {"prereq": ["login"], "key": ["teller", "admin", "clerk", "guest"], "op": ["pay"],
-             "unit": ["usd", "eur", "gbp", "yen"]}
+    pools = {"prereq": ["login"], "key": KEYS, "op": ["pay"], "unit": UNITS}
 
     def make(self, rng):
         user, amt = rng.choice(USERS), rng.randrange(1, 10)
@@ -229,13 +246,12 @@ class Bank(Family):
 
 
 class Thermo(Family):
-    """Prerequisite ``<prereq> ROOM`` (reads the current temperature) before
-    ``<op> <unit> ROOM TARGET``, which also needs ``mode heat`` when raising and ``mode cool``
+    """Prerequisite ``<prereq> as <key> ROOM`` (reads the current temperature) before
+    ``<op> in <unit> ROOM TARGET``, which also needs ``mode heat`` when raising and ``mode cool``
     when lowering the reading (``mode`` is not a convention: the reading decides it)."""
 
     name, closing = "thermo", "save"
-    pools = {"prereq": ["read"], "key": ["zone", "wing", "floor", "hall"], "op": ["adjust"],
-             "unit": ["deg", "cel", "fah", "kel"]}
+    pools = {"prereq": ["read"], "key": KEYS, "op": ["adjust"], "unit": UNITS}
     extra_tools = ("mode",)
 
     def make(self, rng):
@@ -291,12 +307,11 @@ class Thermo(Family):
 
 
 class Ticket(Family):
-    """Prerequisite ``<prereq> ID`` (finds the ticket) before ``<op> <unit> ID AGENT``;
+    """Prerequisite ``<prereq> as <key> ID`` (finds the ticket) before ``<op> in <unit> ID AGENT``;
     ``close ID`` ends the episode."""
 
     name, closing = "ticket", "close"
-    pools = {"prereq": ["find"], "key": ["desk", "queue", "board", "team"], "op": ["assign"],
-             "unit": ["p1", "p2", "p3", "p4"]}
+    pools = {"prereq": ["find"], "key": KEYS, "op": ["assign"], "unit": UNITS}
 
     def make(self, rng):
         tid, agent = rng.randrange(10), rng.choice(AGENTS)
@@ -341,3 +356,4 @@ class Ticket(Family):
 FAMILIES: dict[str, Family] = {f.name: f for f in (Inventory(), Bank(), Thermo(), Ticket())}
 OBS_WORDS = ["ok", "authed", "on", "key", "error", "locked", "denied", "mode", "unknown", "room", "args", "unit", "stale"]
 PROMPT_WORDS = [":", "set", "send", "resolve", "to", "for", "room"]
+ACTION_WORDS = [KEY_MARK, UNIT_MARK]
