@@ -118,6 +118,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     bp.train_base_policy(params, envs)
     print(f"pretrained in {time.time() - t0:.0f} s (probes included); chance = {1 / params.envs.n_options:.2f}")
+    print("first probed step with copy probability >= 0.9 (- = never):")
+    for key in [k for k in curve[0] if "/" in k] if curve else []:
+        first = next((r["step"] for r in curve if r[key] >= 0.9), None)
+        print(f"  {key:28s} {first if first is not None else '-'}   final {curve[-1][key]:.3f}")
     if a.json:
         Path(a.json).write_text(json.dumps(curve, indent=2) + "\n")
     return 0
