@@ -200,9 +200,12 @@ def test_fast_decoder_bitwise_equals_hf_forward(arch, role):
 @pytest.mark.parametrize("role", ["student", "teacher"])
 def test_packed_forward_equals_hf_forward(arch, role):
     """The packed lean forward (real tokens only, no padding) gives the Hugging Face + peft
-    forward's logits over the padded batch: the same bits at a pure decoding step (one token
-    per row), equal up to float rounding when some rows feed several tokens (the last token
-    attends in a one-query block, the others in a padded block, not one padded batch)."""
+    forward's logits over the padded batch: equal to the last float32 rounding at a pure decoding
+    step (one token per row; bit-identical with the per-family pools' larger vocabulary, up to 2.4e-7 apart
+    with the current 132-word one, whose output GEMM takes another kernel path), and up to float
+    rounding when some rows feed several tokens (the last token attends in a one-query block, the
+    others in a padded block, not one padded batch). Token-for-token greedy identity with the
+    reference engine is checked by the ``test_greedy_equals_reference_*`` tests."""
     bb = _lora_backbone(arch)
     bb.mode(role)
     fast = FastDecoder.build(bb.model)
@@ -220,7 +223,7 @@ def test_packed_forward_equals_hf_forward(arch, role):
             for c in caches:
                 c.commit()
             if max(n_new) == 1:
-                assert torch.equal(out, ref)
+                torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
             else:
                 torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         assert caches[1].lengths.tolist() == caches[0].lengths.tolist()

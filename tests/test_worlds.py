@@ -253,12 +253,12 @@ def test_encode_demo_masks():
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary
 
     fmt = ChatFormat(build_tokenizer(env_vocabulary(["tool"])))
-    e1 = [("user", "bank : send 3 to ana"), ("assistant", "login"), ("obs", "ok"), ("assistant", "pay ana 3 usd")]
+    e1 = [("user", "bank : send 3 to ana"), ("assistant", "login"), ("obs", "ok"), ("assistant", "pay ana 3 v1")]
     demo = Demo(context=[e1], messages=[("user", "bank : send 4 to bob"), ("assistant", "login")])
     v = fmt.tok.get_vocab()
     ctx = [v["<|exp|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["3"], v["to"], v["ana"], v["<|end|>"],
            v["<|assistant|>"], v["login"], v["<|end|>"], v["<|obs|>"], v["ok"], v["<|end|>"], v["<|assistant|>"],
-           v["pay"], v["ana"], v["3"], v["usd"], v["<|end|>"]]
+           v["pay"], v["ana"], v["3"], v["v1"], v["<|end|>"]]
     own = [v["<|bos|>"], v["<|user|>"], v["bank"], v[":"], v["send"], v["4"], v["to"], v["bob"], v["<|end|>"],
            v["<|assistant|>"], v["login"], v["<|end|>"]]
     ids, mask = encode_demo(fmt, demo, context_loss=False)
