@@ -6,7 +6,7 @@ gives the right convention word, teacher-forced, on held-out tasks of the *pretr
 context (:meth:`lopd.model.chat.ChatFormat.join_context`, the rendering pretraining uses). Chance
 is ``1 / envs.n_options``; a slot whose copy has been learnt sits near 1.
 
-    python bench/copy_curve.py [--profile P.yaml] [--every 500] [--tasks 64] [--json out.json]
+    python bench/copy_curve.py [--profile P.yaml] [--every 500] [--tasks 48] [--json out.json]
 
 This is how the tool domain's per-family pools were found to be the obstacle: with a key and a
 unit pool of its own per family, after the family's own tool name, each of the 8 (family, slot)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--params", default=str(REPO / "params.yaml"))
     ap.add_argument("--profile", default=None)
     ap.add_argument("--every", type=int, default=500)
-    ap.add_argument("--tasks", type=int, default=64, help="held-out pretraining-world tasks per domain")
+    ap.add_argument("--tasks", type=int, default=48, help="held-out pretraining-world tasks per domain")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 

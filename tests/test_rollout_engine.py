@@ -201,8 +201,8 @@ def test_fast_decoder_bitwise_equals_hf_forward(arch, role):
 def test_packed_forward_equals_hf_forward(arch, role):
     """The packed lean forward (real tokens only, no padding) gives the Hugging Face + peft
     forward's logits over the padded batch: equal to the last float32 rounding at a pure decoding
-    step (one token per row; bit-identical with the per-family pools' larger vocabulary, up to 2.4e-7 apart
-    with the current 132-word one, whose output GEMM takes another kernel path), and up to float
+    step (one token per row; bit-identical with the per-family pools' larger vocabulary, up to
+    2.4e-7 apart with the current 132-word one), and up to float
     rounding when some rows feed several tokens (the last token attends in a one-query block, the
     others in a padded block, not one padded batch). Token-for-token greedy identity with the
     reference engine is checked by the ``test_greedy_equals_reference_*`` tests."""

@@ -56,8 +56,8 @@ def random_policy(arch: str = "qwen3", seed: int = 0):
 @lru_cache(maxsize=None)
 def trained_backbone(steps: int = 400):
     """A tiny qwen3 trained briefly on scripted demonstrations (400 steps, 5% noise: with the
-    `as`/`in` markers the 200-step, 20%-noise policy of before solved none of the test's tasks), wrapped in the LoRA backbone
-    with a random (non-zero) student adapter, in student mode."""
+    `as`/`in` markers the 200-step, 20%-noise policy of before solved none of the test's tasks),
+    wrapped in the LoRA backbone with a random (non-zero) student adapter, in student mode."""
     from lopd.base_policy import pretraining_demos, train_on_demos
     from lopd.model.backbone import Backbone
 
