@@ -11,6 +11,12 @@ and transformers' own SDPA attention function — but reads the weights once per
 batch instead of walking the module tree at every step. Which LoRA adapter is active (or
 whether adapters are disabled: the teacher) is read when the decoder is built.
 
+The packed forward that rollouts run (:meth:`FastDecoder.packed`) goes further: it runs maps
+of the same input as one matmul (q|k|v, gate|up, the adapters' A), normalises q- and k-heads
+in one call and reads rotary from a table, cutting the operations per layer by about half.
+Each of those is the same arithmetic element by element, and on CPU the fused forward equals
+the map-by-map one (:meth:`FastDecoder.packed_unfused`) to the last bit (tested).
+
 It covers decoder-only Llama-family models whose layers are all full attention (llama,
 qwen2, qwen3, mistral) with plain or peft-LoRA linear layers; :meth:`FastDecoder.build`
 returns ``None`` for anything else (GPT-2, DoRA, merged or dropout adapters, ...) and the
@@ -19,6 +25,7 @@ caller then uses the Hugging Face forward.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 FAMILY = ("llama", "qwen2", "qwen3", "mistral")
+# Fusing copies the layers' weights once per rollout batch. Worth it only for small models, whose
+# forward is bound by per-operation overhead; a large one is bound by arithmetic and would pay
+# the copy in memory for nothing, so above this size the maps run one by one.
+FUSE_MAX_PARAMS = 50_000_000
 
 
 @dataclass
@@ -65,6 +76,98 @@ def _linear(mod: nn.Module) -> _Linear | None:
     return _Linear(base.weight, base.bias, lora)
 
 
+@dataclass
+class _Fused:
+    """Linear maps of one input run as one: ``y = x [W_1; …; W_n]ᵀ (+ b)``, split back into
+    the maps' outputs (column blocks of ``y``), each plus its LoRA terms ``s · (x Aᵀ) Bᵀ``;
+    the A of every adapter of the group run as one matmul too (``h = x [A_1; …]ᵀ``, each B on its
+    block of ``h``). Every output element is the same dot product as in the separate maps —
+    on CPU bit-identical (``tests/test_rollout_engine.py``). ``s`` is folded into B when it is a
+    power of two (exact in binary floating point); else it is applied as peft does."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    sizes: list[int]  # output width of each map
+    a: torch.Tensor | None  # the adapters' A stacked (Σr, in)
+    lora: list[tuple[int, int, int, torch.Tensor, float | None]]  # (map, h from, h to, B, s or None if folded)
+
+    @classmethod
+    def of(cls, maps: list[_Linear]) -> "_Fused | None":
+        """The fused group, or None where fusing could change the arithmetic (mixed dtypes,
+        some maps with a bias and some without, adapters in another dtype than the weights)."""
+        dtypes = {m.weight.dtype for m in maps} | {t.dtype for m in maps for a, b, _ in m.lora for t in (a, b)}
+        if len(dtypes) > 1 or len({m.bias is None for m in maps}) > 1:
+            return None
+        bias = None if maps[0].bias is None else torch.cat([m.bias for m in maps])
+        lora, a_rows, r = [], [], 0
+        for j, m in enumerate(maps):
+            for a, b, s in m.lora:
+                exact = float(s) > 0 and math.frexp(float(s))[0] == 0.5  # a power of two
+                lora.append((j, r, r + a.shape[0], b * s if exact else b, None if exact else s))
+                a_rows.append(a)
+                r += a.shape[0]
+        return cls(torch.cat([m.weight for m in maps]), bias, [m.weight.shape[0] for m in maps],
+                   torch.cat(a_rows) if a_rows else None, lora)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(y, [y_1, …, y_n])``: the whole output (N, Σ sizes) and its blocks (views of ``y``)."""
+        y = F.linear(x, self.weight, self.bias)
+        parts = list(y.split(self.sizes, -1))
+        if self.a is not None:
+            h = F.linear(x, self.a)
+            for j, r0, r1, b, s in self.lora:
+                lo = F.linear(h[..., r0:r1], b)
+                parts[j].add_(lo if s is None else lo * s)  # in place: y's block is updated too
+        return y, parts
+
+
+@dataclass
+class _PackedLayer:
+    """A decoder layer's weights as the packed forward uses them: q, k, v as one map, gate and
+    up as one; q- and k-norm weights stacked per head so that both are normalised at once."""
+
+    norm_in: tuple
+    norm_post: tuple
+    qkv: _Fused
+    o: _Fused
+    gate_up: _Fused
+    down: _Fused
+    qk_norm: tuple | None  # (weight (heads + kv_heads, head_dim), eps)
+    act: object
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+    attn: nn.Module
+
+    @classmethod
+    def of(cls, ly: "_Layer") -> "_PackedLayer | None":
+        d = ly.attn.head_dim
+        heads, kv_heads = ly.q.weight.shape[0] // d, ly.k.weight.shape[0] // d
+        groups = [_Fused.of(m) for m in ([ly.q, ly.k, ly.v], [ly.o], [ly.gate, ly.up], [ly.down])]
+        if any(g is None for g in groups):
+            return None
+        qk_norm = None
+        if ly.q_norm is not None:
+            (wq, eq), (wk, ek) = ly.q_norm, ly.k_norm
+            if eq != ek:
+                return None
+            qk_norm = (torch.cat([wq.expand(heads, d), wk.expand(kv_heads, d)]), eq)
+        return cls(ly.norm_in, ly.norm_post, *groups, qk_norm, ly.act, heads, kv_heads, d, ly.attn.scaling, ly.attn)
+
+
+def _norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """RMSNorm as the model's module computes it, ``w · (x · rsqrt(mean(x²) + ε))``: in float32
+    through torch's ``rms_norm`` (the same operations in one call, bit-identical on CPU), else
+    the module's own sequence. A 2-D weight (heads, head_dim) normalises stacked heads."""
+    weight, eps = norm
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    return _apply_rms(x, norm)
+
+
 def _rms_norm(mod: nn.Module):
     if not type(mod).__name__.endswith("RMSNorm") or not hasattr(mod, "variance_epsilon"):
         return None
@@ -77,6 +180,12 @@ def _apply_rms(x: torch.Tensor, norm) -> torch.Tensor:
     x = x.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``[−sin₁, sin₂]`` (halves of the last dimension): ``rotate_half(x) · sin = roll(x) · that``."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -123,6 +232,10 @@ class FastDecoder:
             return None
         dec = cls(backbone, head, layers)
         dec.norm = norm
+        n_params = sum(m.weight.numel() for ly in layers for m in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up, ly.down))
+        fused = [_PackedLayer.of(ly) for ly in layers] if n_params <= FUSE_MAX_PARAMS else [None]
+        dec.fused = None if any(f is None for f in fused) else fused
+        dec._rotary_table = None
         return dec
 
     @staticmethod
@@ -170,7 +283,72 @@ class FastDecoder:
     def packed(self, ids: torch.Tensor, plan, cache) -> torch.Tensor:
         """Logits (B, V) at each row's last token, from the rows' real tokens ``ids`` (N,) packed
         in row order (``plan``: :meth:`~lopd.kv_cache.RaggedKVCache.packed`); no padding is
-        computed. The last layer needs only the rows' last tokens past its keys and values."""
+        computed. The last layer needs only the rows' last tokens past its keys and values.
+
+        Per layer this is a handful of operations: q, k and v as one matmul (their adapters' A
+        as one more), q- and k-norm over the stacked heads in one call, rotary from a table
+        built once per cache (the model's rotary module over every position; ``rotate_half(x) ·
+        sin`` computed as ``roll(x) · [−sin₁, sin₂]``, which is the same products), the decoding
+        queries' attention as transformers' SDPA path calls it, gate and up as one matmul. It
+        equals :meth:`packed_unfused` (the maps one by one) to the last bit on CPU (tested);
+        models whose maps cannot be fused that way (mixed dtypes) run :meth:`packed_unfused`."""
+        if self.fused is None:
+            return self.packed_unfused(ids, plan, cache)
+        h = self.backbone.embed_tokens(ids)
+        cos, sin = self._rotary(plan.pos, cache.capacity + 1, h)
+        decoding = plan.ext_rows is None  # one token per row: packed index = row
+        n_layers = len(self.fused)
+        for i, ly in enumerate(self.fused):
+            x = _norm(h, ly.norm_in)
+            n, d = ids.shape[0], ly.head_dim
+            y, (q, k, v) = ly.qkv(x)
+            qk = y[:, : q.shape[1] + k.shape[1]].view(n, ly.heads + ly.kv_heads, d)  # q and k heads, side by side
+            if ly.qk_norm is not None:
+                qk = _norm(qk, ly.qk_norm)
+            qk = qk * cos + qk.roll(d // 2, -1) * sin
+            q, k = qk[:, : ly.heads], qk[:, ly.heads:]
+            keys, values = cache.write(k, v.view(n, ly.kv_heads, d), i, plan)
+            keys, values = keys[:, :, : plan.width], values[:, :, : plan.width]
+            q_last = q if decoding else q.index_select(0, plan.last)
+            a = self._attend_last(ly, q_last, keys, values, plan.last_mask)  # (B, heads·dim)
+            if i == n_layers - 1:
+                if not decoding:
+                    h = h.index_select(0, plan.last)  # only the last tokens' logits are wanted
+            elif not decoding:
+                a = self._attend_all(ly, q, keys, values, a.view(-1, 1, ly.heads, d), plan).reshape(n, -1)
+            h = h + ly.o(a)[0]
+            x = _norm(h, ly.norm_post)
+            _, (g, u) = ly.gate_up(x)
+            h = h + ly.down(ly.act(g) * u)[0]
+        return self.lm_head(_norm(h, self.norm))
+
+    def _rotary(self, pos: torch.Tensor, length: int, like: torch.Tensor):
+        """``cos`` and signed ``sin`` (N, 1, head_dim) at positions ``pos``, read from a table of
+        the model's rotary module over positions ``0..length-1`` (rebuilt if too short)."""
+        rotary = self.backbone.rotary_emb
+        if getattr(rotary, "rope_type", "default") != "default":  # dynamic variants rescale with the length
+            cos, sin = rotary(like[None], pos[None])
+            return cos[0, :, None], _signed_sin(sin[0])[:, None]
+        tab = self._rotary_table
+        if tab is None or tab.shape[0] < length or tab.dtype != like.dtype or tab.device != like.device:
+            cos, sin = rotary(like[None], torch.arange(length, device=like.device)[None])
+            tab = self._rotary_table = torch.stack((cos[0], _signed_sin(sin[0])), 1)  # (length, 2, head_dim)
+        cs = tab.index_select(0, pos)
+        return cs[:, :1], cs[:, 1:]
+
+    @staticmethod
+    def _attend_last(ly: "_PackedLayer", q: torch.Tensor, keys, values, mask) -> torch.Tensor:
+        """Attention of one query per row (B, heads, dim) → (B, heads·dim), exactly as
+        transformers' SDPA integration computes a one-query step: with grouped heads the queries
+        of a key/value head are packed as that head's query block (its ``pack_gqa``)."""
+        b, n_rep = q.shape[0], ly.heads // ly.kv_heads
+        qg = q.reshape(b, ly.kv_heads, n_rep, ly.head_dim) if n_rep > 1 else q[:, :, None]
+        a = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, dropout_p=0.0, scale=ly.scaling)
+        return a.reshape(b, -1)
+
+    def packed_unfused(self, ids: torch.Tensor, plan, cache) -> torch.Tensor:
+        """:meth:`packed` with each linear map, norm and rotary computed as the model's modules
+        do, one by one (transformers' SDPA function for attention)."""
         h = self.backbone.embed_tokens(ids)
         cos, sin = self.backbone.rotary_emb(h[None], plan.pos[None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads

@@ -182,8 +182,9 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
         raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
     if not greedy and seeds is None:
         seeds = seeds_from_generator(len(tasks), generator)
+    prompts = fmt.prompt_ids_many([t.prompt for t in tasks])
     rows = [_Row(task=t, episode=envs[t.domain].episode(t), seed=seeds[i] if seeds else 0,
-                 msgs=[("user", t.prompt)], queue=fmt.prompt_ids(t.prompt)) for i, t in enumerate(tasks)]
+                 msgs=[("user", t.prompt)], queue=prompts[i]) for i, t in enumerate(tasks)]
     with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool, _intra_op_threads(model, cpu_threads):
         scores: dict[int, float | Future] = {}
         _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,

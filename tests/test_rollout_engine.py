@@ -263,3 +263,71 @@ def test_fast_decoder_declines_what_it_does_not_cover():
     assert FastDecoder.build(model) is not None
     model.train()
     assert FastDecoder.build(model) is None  # training mode (dropout) is not a rollout
+
+
+def _packed_steps(fast, forward, n_rows: int = 5, steps: int = 12, seed: int = 0):
+    """Logits of ``forward`` (a packed forward of ``fast``) over prefill and decoding steps of a
+    fresh cache, and the cache's keys at the end."""
+    g = torch.Generator().manual_seed(seed)
+    cache = RaggedKVCache(n_rows, capacity=64, device=torch.device("cpu"))
+    outs = []
+    with torch.inference_mode():
+        for step in range(steps):
+            n_new = torch.randint(1, 6, (n_rows,), generator=g).tolist() if step % 4 == 0 else [1] * n_rows
+            ids = torch.randint(8, 60, (sum(n_new),), generator=g)
+            outs.append(forward(ids, cache.packed(n_new, fast.kv_heads), cache))
+            cache.commit()
+    return outs, cache.keys + cache.values
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("role", ["student", "composer", "teacher"])
+@pytest.mark.parametrize("lora_alpha", [16, 12])  # scaling 2 (folded into B) and 1.5 (applied as peft does)
+def test_fused_packed_forward_bitwise_equals_unfused(arch, role, lora_alpha):
+    """The packed forward with fused maps (q|k|v and gate|up as one matmul, the adapters' A as one,
+    q- and k-norm at once, rotary from a table) gives the same bits as the maps one by one."""
+    from lopd.model.backbone import Backbone
+
+    model, _ = tp.random_policy(arch)
+    torch.manual_seed(1)
+    mp = tp.params(arch).model.model_copy(update={"lora_alpha": lora_alpha})
+    bb = Backbone(model, tp.tokenizer(), mp)
+    with torch.no_grad():
+        for prm in bb.adapter_params("student") + bb.adapter_params("composer"):
+            prm.normal_(0.0, 0.05)
+    bb.model.eval()
+    bb.mode(role)
+    fast = FastDecoder.build(bb.model)
+    assert fast.fused is not None
+    folded = [s is None for ly in fast.fused for *_, s in ly.qkv.lora]
+    if role != "teacher":
+        assert folded and all(folded) == (lora_alpha == 16)
+    fused, keys_fused = _packed_steps(fast, fast.packed)
+    plain, keys_plain = _packed_steps(fast, fast.packed_unfused)
+    assert all(torch.equal(a, b) for a, b in zip(fused, plain))
+    assert all(torch.equal(a, b) for a, b in zip(keys_fused, keys_plain))
+
+
+def test_fused_forward_falls_back_for_mixed_dtypes():
+    """Maps whose adapter is in another dtype than the weights are not fused (the arithmetic
+    would change); the packed forward then runs the maps one by one."""
+    bb = _lora_backbone("qwen3")
+    bb.mode("student")
+    for mod in bb.model.modules():
+        if hasattr(mod, "lora_A") and "student" in mod.lora_A:
+            mod.lora_A["student"].to(torch.float64)
+            mod.lora_B["student"].to(torch.float64)
+    fast = FastDecoder.build(bb.model)
+    assert fast is not None and fast.fused is None
+    outs, _ = _packed_steps(fast, fast.packed, steps=3)
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_large_models_are_not_fused(monkeypatch):
+    import lopd.fast_decoder as fd
+
+    bb = _lora_backbone("qwen3")
+    bb.mode("student")
+    assert FastDecoder.build(bb.model).fused is not None
+    monkeypatch.setattr(fd, "FUSE_MAX_PARAMS", 10)
+    assert FastDecoder.build(bb.model).fused is None  # the maps run one by one (no copy of the weights)

@@ -29,6 +29,29 @@ def test_mix32_matches_plain_python():
     assert len(set(mix32(torch.arange(1 << 16)).tolist())) == 1 << 16  # a bijection: no collisions
 
 
+def _uniform_python(seed: int, pos: int, v: int) -> float:
+    """lopd.sampling.uniforms of one entry, in plain Python integers (the documented hash)."""
+    m = 2**32 - 1
+    state = _mix32_python((seed & m) ^ 0x243F6A88)
+    state = _mix32_python(state ^ ((seed >> 32) & m) ^ 0x85A308D3)
+    state = _mix32_python(state ^ (pos & m) ^ 0x13198A2E)
+    return (_mix32_python(state ^ _mix32_python(_mix32_python(v) ^ 0x9E3779B9)) + 0.5) / 2**32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_uniforms_and_draws_match_plain_python(temperature):
+    seeds, pos, vocab = [5, 2**62 + 3, 17], [0, 9, 2**31 + 4], 23
+    u = uniforms(torch.tensor(seeds), torch.tensor(pos), vocab)
+    want = [[_uniform_python(s, p, v) for v in range(vocab)] for s, p in zip(seeds, pos)]
+    assert u.tolist() == want
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
+    picks = choose_tokens(logits, greedy=False, temperature=temperature, seeds=torch.tensor(seeds),
+                          positions=torch.tensor(pos)).tolist()
+    lg = logits.double().tolist()
+    assert picks == [max(range(vocab), key=lambda v: lg[i][v] / temperature - math.log(-math.log(want[i][v])))
+                     for i in range(3)]
+
+
 def test_draws_depend_only_on_seed_and_position():
     seeds = torch.tensor([5, 2**62 + 3, 17])
     pos = torch.tensor([0, 9, 4])

@@ -193,3 +193,28 @@ def test_world_names_use_a_fixed_vocabulary():
     for d in ("tool", "code"):
         for w in make_env(d, big.envs).worlds["target"]:
             assert len(w.name.split()) == 2 and set(w.name.split()) <= set(SYLLABLES)
+
+
+def test_prompt_ids_many_equals_one_by_one(reloaded, texts):
+    fmt = ChatFormat(reloaded)
+    prompts = texts[:40] + ["", "bank : send 3 to ana"]
+    assert fmt.prompt_ids_many(prompts) == [fmt.prompt_ids(p) for p in prompts]
+    assert fmt.prompt_ids_many([]) == []
+
+
+def test_decode_memo_gives_the_tokenizers_text(reloaded, texts, monkeypatch):
+    import lopd.model.chat as chat
+
+    fmt = ChatFormat(reloaded)
+    ids = [fmt.words(t) + [fmt.end_id] for t in texts[:30]]
+    want = [reloaded.decode([i for i in x if i != fmt.end_id], skip_special_tokens=True).strip() for x in ids]
+    assert [fmt.decode(x) for x in ids] == want
+    assert [fmt.decode(x) for x in ids] == want  # second time from the memo
+    x = list(ids[0])
+    x.insert(0, fmt.words("ok")[0])  # the caller's list changes: the memo is keyed by its contents
+    assert fmt.decode(x) == reloaded.decode([i for i in x if i != fmt.end_id], skip_special_tokens=True).strip()
+    assert fmt.decode(x) != want[0]
+    monkeypatch.setattr(chat, "DECODE_MEMO", 4)
+    small = ChatFormat(reloaded)
+    assert [small.decode(x) for x in ids] == want  # a full memo is cleared, not trusted stale
+    assert len(small._decoded) <= 4

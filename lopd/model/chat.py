@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from lopd.model.tokenizer import ASSISTANT, BOS, END, EXP, OBS, USER
 
+DECODE_MEMO = 1 << 16  # decoded actions kept per format
+
 
 class ChatFormat:
     def __init__(self, tokenizer):
@@ -43,6 +45,7 @@ class ChatFormat:
                 raise ValueError("tokenizer has no eos token; cannot close turns")
             self.end_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
+        self._decoded: dict[tuple[int, ...], str] = {}
 
     def words(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -50,12 +53,28 @@ class ChatFormat:
     def prompt_ids(self, prompt: str) -> list[int]:
         return self.bos + self.user + self.words(prompt) + [self.end_id] + self.assistant
 
+    def prompt_ids_many(self, prompts: list[str]) -> list[list[int]]:
+        """:meth:`prompt_ids` of every prompt, tokenised in one call (the tokenizer's batch
+        encoding gives each text the ids it gives it alone)."""
+        if not prompts:
+            return []
+        words = self.tok(list(prompts), add_special_tokens=False)["input_ids"]
+        return [self.bos + self.user + list(w) + [self.end_id] + self.assistant for w in words]
+
     def obs_ids(self, obs: str) -> list[int]:
         return self.obs + self.words(obs) + [self.end_id] + self.assistant
 
     def decode(self, ids: list[int]) -> str:
-        ids = [i for i in ids if i != self.end_id]
-        return self.tok.decode(ids, skip_special_tokens=True).strip()
+        """The text of ``ids`` without turn ends. Memoised: rollouts decode every action, and
+        many repeat (a pure function of the ids; the memo is dropped when it grows large)."""
+        key = tuple(ids)
+        text = self._decoded.get(key)
+        if text is None:
+            if len(self._decoded) >= DECODE_MEMO:
+                self._decoded.clear()
+            text = self._decoded[key] = self.tok.decode([i for i in ids if i != self.end_id],
+                                                        skip_special_tokens=True).strip()
+        return text
 
     def encode_messages(self, msgs: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
         """(ids, gen_mask) for a whole trajectory; gen_mask marks assistant words + their end."""
