@@ -20,7 +20,8 @@ the weights of the decoder layers' linear maps including the active LoRA adapter
 attention width (heads × head_dim; QKᵀ and AV over ``p+1`` keys). Norms, rotary, softmax,
 activations, embedding look-ups and sampling are not counted. Peak: the best of 5 fp32
 2048×2048 ``torch.mm`` with ``model.torch_threads`` threads (2) on CPU, or bf16 8192² on
-CUDA, measured in every repeat between the engines; the median of those is the peak.
+CUDA, measured in every repeat between the engines; the median of those is the peak. Then the
+share of a batch spent in the model's forward passes, and the forward's own GFLOP/s.
 """
 
 from __future__ import annotations
@@ -102,6 +103,39 @@ def run_engines(engines: dict, repeats: int, costs, device, label: str) -> dict:
               f"= {100 * gflops / peak:5.2f}% of peak  ({statistics.median(r[1] for r in rs):.0f} generated, "
               f"{statistics.median(r[2] for r in rs) / 1e6:.1f} MFLOP per batch)")
     return out
+
+
+def forward_share(engine, repeats: int, costs, peak: float) -> None:
+    """How much of a batch is the model's forward (``FastDecoder.packed``, timed around each call),
+    and the GFLOP/s of the forward alone: the ceiling of the engine if all host work (sampling,
+    plans, environments, tokenising) cost nothing."""
+    from lopd.fast_decoder import FastDecoder
+
+    plain = FastDecoder.packed
+    spent = []
+
+    def timed(self, *a):
+        t0 = time.perf_counter()
+        try:
+            return plain(self, *a)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    rows = []
+    FastDecoder.packed = timed
+    try:
+        for rep in range(repeats):
+            spent.clear()
+            t0 = time.perf_counter()
+            rolls = engine(rep)
+            rows.append((time.perf_counter() - t0, sum(spent), len(spent), rollout_flops(rolls, costs)))
+    finally:
+        FastDecoder.packed = plain
+    total, fwd = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+    gflops = statistics.median(r[3] / r[1] / 1e9 for r in rows)
+    print(f"of a batch ({total * 1000:.1f} ms), the forward passes take {fwd * 1000:.1f} ms "
+          f"({100 * fwd / total:.0f}%, {statistics.median(r[2] for r in rows):.0f} forwards): the forward alone "
+          f"runs {gflops:.2f} GFLOP/s = {100 * gflops / peak:.2f}% of the peak")
 
 
 def batch_sweep(bb, tasks, envs, kw, costs, repeats: int, batches: list[int]) -> None:
@@ -189,6 +223,7 @@ def main() -> None:
     old, new = res["former engine (reference)"], res["engine (lean forward)"]
     print(f"speed-up over the former engine: {old['s'] / new['s']:.2f}x per batch; "
           f"generation at {100 * new['gflops'] / new['peak']:.2f}% of the matmul peak (goal >= 5%)")
+    forward_share(engines["engine (lean forward)"], args.repeats, costs, new["peak"])
     if args.batches:
         batch_sweep(bb, tasks, envs, kw, costs, args.repeats, [int(b) for b in args.batches.split(",")])
     if not args.no_sweep:
