@@ -1,0 +1,88 @@
+"""One decoding step of the rollout engine's forward, alone: the fused packed forward against the
+map-by-map one (and optionally ``torch.compile`` of the fused one), plus the step's sampling and
+cache plan.
+
+    python bench/decode_step.py [--batch 64] [--steps 300] [--threads 1] [--compile]
+
+The default base policy (student adapter active) on a ragged cache of ``--batch`` rows whose
+prompts were prefilled with 40 tokens each; every timed step feeds one token per row (the
+cache is rewound to 40 tokens when a row nears 150). Prints min and median µs per step over
+``--steps`` steps, three rounds per variant, interleaved. ``--compile``: ``torch.compile(dynamic=True)``
+of the fused forward, its compile time and its steps (slow: minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from _workspace import params, workspace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads (rollouts use 1)")
+    ap.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    workspace()
+    import torch
+
+    from lopd.fast_decoder import FastDecoder
+    from lopd.kv_cache import RaggedKVCache
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_backbone
+    from lopd.sampling import choose_tokens, seed_states
+
+    p = params()
+    torch.set_num_threads(args.threads)
+    bb = load_backbone(p, Paths(Path.cwd()))
+    bb.mode("student")
+    bb.model.eval()
+    fast = FastDecoder.build(bb.model)
+    if fast is None or fast.fused is None:
+        raise SystemExit("the default policy should get the fused forward")
+    b = args.batch
+
+    def steps(forward, n: int) -> tuple[float, float]:
+        cache = RaggedKVCache(b, p.model.max_seq_len, torch.device("cpu"))
+        forward(torch.randint(8, 100, (b * 40,)), cache.packed([40] * b, fast.kv_heads), cache)
+        cache.commit()
+        tok, ts = torch.randint(8, 100, (b,)), []
+        for _ in range(n):
+            if int(cache.lengths.max()) >= p.model.max_seq_len - 10:
+                cache.lengths[:] = 40
+            t0 = time.perf_counter()
+            forward(tok, cache.packed([1] * b, fast.kv_heads), cache)
+            cache.commit()
+            ts.append(time.perf_counter() - t0)
+        return min(ts) * 1e6, statistics.median(ts) * 1e6
+
+    variants = {"fused (packed)": fast.packed, "map by map (packed_unfused)": fast.packed_unfused}
+    with torch.inference_mode():
+        if args.compile:
+            t0 = time.perf_counter()
+            compiled = torch.compile(fast.packed, dynamic=True)
+            steps(compiled, 3)
+            print(f"torch.compile: first steps after {time.perf_counter() - t0:.1f} s")
+            variants["torch.compile(fused)"] = compiled
+        print(f"decoding step, batch {b}, {args.threads} thread(s), cache plan included; min / median of {args.steps}")
+        for rnd in range(3):
+            for name, fwd in variants.items():
+                lo, med = steps(fwd, args.steps)
+                print(f"round {rnd}  {name:<28} {lo:7.0f} / {med:7.0f} µs")
+        logits, pos = torch.randn(b, bb.model.config.vocab_size), torch.full((b,), 50)
+        states = seed_states(torch.arange(b))
+        ts = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            choose_tokens(logits, greedy=False, temperature=1.0, positions=pos, states=states)
+            ts.append(time.perf_counter() - t0)
+        print(f"sampling (Gumbel-max, counter hash)    {min(ts) * 1e6:7.0f} / {statistics.median(ts) * 1e6:7.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
