@@ -45,6 +45,10 @@ class ContextFormat:
     def prompt_ids(self, prompt: str) -> list[int]:
         return self._ctx[prompt] + self._fmt.prompt_ids(prompt)
 
+    def prompt_ids_many(self, prompts: list[str]) -> list[list[int]]:
+        # the rollout engine tokenises a batch's prompts at once: each must keep its context
+        return [self._ctx[p] + ids for p, ids in zip(prompts, self._fmt.prompt_ids_many(prompts))]
+
     def __getattr__(self, name):
         return getattr(self._fmt, name)
 
