@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-
 from lopd.rollout import rollout_batch
 from tests import tiny_policy as tp
 
