@@ -7,7 +7,8 @@ cache plan.
 The default base policy (student adapter active) on a ragged cache of ``--batch`` rows whose
 prompts were prefilled with 40 tokens each; every timed step feeds one token per row (the
 cache is rewound to 40 tokens when a row nears 150). Prints min and median µs per step over
-``--steps`` steps, three rounds per variant, interleaved. ``--compile``: ``torch.compile(dynamic=True)``
+``--steps`` steps, three rounds per variant, interleaved; then the sampling of a step, and one
+layer's attention by SDPA (as the engine calls it) and by matmul → softmax → matmul. ``--compile``: ``torch.compile(dynamic=True)``
 of the fused forward, its compile time and its steps (slow: minutes on 2 cores).
 """
 
@@ -82,6 +83,38 @@ def main() -> None:
             choose_tokens(logits, greedy=False, temperature=1.0, positions=pos, states=states)
             ts.append(time.perf_counter() - t0)
         print(f"sampling (Gumbel-max, counter hash)    {min(ts) * 1e6:7.0f} / {statistics.median(ts) * 1e6:7.0f} µs")
+        attention(fast, b, args.steps)
+
+
+def attention(fast, b: int, n: int) -> None:
+    """One layer's decoding attention at the step's shapes (``b`` rows, 100 key slots, rows of
+    random lengths): SDPA as the engine calls it against matmul → masked softmax → matmul."""
+    import torch
+    import torch.nn.functional as F
+
+    ly = fast.fused[0]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, ly.kv_heads, ly.heads // ly.kv_heads, ly.head_dim, generator=g)
+    k, v = (torch.randn(b, ly.kv_heads, 100, ly.head_dim, generator=g) for _ in range(2))
+    slot = torch.arange(100)
+    mask = ((slot >= 1) & (slot <= torch.randint(20, 100, (b, 1), generator=g)))[:, None, None]
+    additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+
+    def manual():
+        s = torch.matmul(q, k.transpose(-1, -2)).mul_(ly.scaling).add_(additive)
+        return torch.matmul(torch.softmax(s, -1), v)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=ly.scaling)
+
+    for name, fn in (("attention: SDPA (the engine's)", sdpa), ("attention: matmul-softmax-matmul", manual)):
+        fn()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        print(f"{name:<38} {min(ts) * 1e6:7.0f} / {statistics.median(ts) * 1e6:7.0f} µs per layer")
 
 
 if __name__ == "__main__":
