@@ -51,7 +51,10 @@ class ChatFormat:
         return self.tok.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return self.bos + self.user + self.words(prompt) + [self.end_id] + self.assistant
+        return self._prompt(self.words(prompt))
+
+    def _prompt(self, words: list[int]) -> list[int]:
+        return self.bos + self.user + list(words) + [self.end_id] + self.assistant
 
     def prompt_ids_many(self, prompts: list[str]) -> list[list[int]]:
         """:meth:`prompt_ids` of every prompt, tokenised in one call (the tokenizer's batch
@@ -59,7 +62,7 @@ class ChatFormat:
         if not prompts:
             return []
         words = self.tok(list(prompts), add_special_tokens=False)["input_ids"]
-        return [self.bos + self.user + list(w) + [self.end_id] + self.assistant for w in words]
+        return [self._prompt(w) for w in words]
 
     def obs_ids(self, obs: str) -> list[int]:
         return self.obs + self.words(obs) + [self.end_id] + self.assistant
