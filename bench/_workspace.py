@@ -38,3 +38,28 @@ def params():
     from lopd.config import load_params
 
     return load_params(Path.cwd() / "params.yaml")
+
+
+def rollout_workload(batch: int):
+    """The rollout benches' workload: ``(params, backbone, tasks, envs, rollout kwargs)`` = the
+    default base policy (student adapter active, eval mode; torch threads from ``model.torch_threads``),
+    the first ``batch`` tool tasks of the train split (multi-turn episodes), and the evaluation
+    stage's lengths and temperature. Imports ``lopd`` only when called (a bench may first point
+    ``sys.path`` at another checkout)."""
+    import torch
+
+    from lopd import data
+    from lopd.evaluate import make_envs
+    from lopd.paths import Paths
+    from lopd.pipeline.common import load_backbone
+
+    p = params()
+    torch.set_num_threads(p.model.torch_threads)
+    paths = Paths(Path.cwd())
+    bb = load_backbone(p, paths)
+    bb.mode("student")
+    bb.model.eval()
+    tasks = [t for t in data.SplitReader(paths.splits, role="base").load("train") if t.domain == "tool"][:batch]
+    kw = dict(max_new_tokens=p.evaluate.max_new_tokens, max_len=p.model.max_seq_len,
+              temperature=p.evaluate.temperature)
+    return p, bb, tasks, make_envs(p), kw

@@ -9,7 +9,8 @@ prompts were prefilled with 40 tokens each; every timed step feeds one token per
 cache is rewound to 40 tokens when a row nears 150). Prints min and median µs per step over
 ``--steps`` steps, three rounds per variant, interleaved; then the sampling of a step, and one
 layer's attention by SDPA (as the engine calls it) and by matmul → softmax → matmul. ``--compile``: ``torch.compile(dynamic=True)``
-of the fused forward, its compile time and its steps (slow: minutes on 2 cores).
+of the fused forward, its compile time and its steps (slow: minutes on 2 cores). ``--profile``:
+torch.profiler's per-operator table of 100 fused steps (the profiler inflates small operations).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-from _workspace import params, workspace
+from _workspace import rollout_workload, workspace
 
 
 def main() -> None:
@@ -28,21 +28,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (rollouts use 1)")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="also print torch.profiler's operator table of the fused step")
     args = ap.parse_args()
     workspace()
     import torch
 
     from lopd.fast_decoder import FastDecoder
     from lopd.kv_cache import RaggedKVCache
-    from lopd.paths import Paths
-    from lopd.pipeline.common import load_backbone
     from lopd.sampling import choose_tokens, seed_states
 
-    p = params()
+    p, bb, _, _, _ = rollout_workload(0)
     torch.set_num_threads(args.threads)
-    bb = load_backbone(p, Paths(Path.cwd()))
-    bb.mode("student")
-    bb.model.eval()
     fast = FastDecoder.build(bb.model)
     if fast is None or fast.fused is None:
         raise SystemExit("the default policy should get the fused forward")
@@ -84,6 +80,13 @@ def main() -> None:
             ts.append(time.perf_counter() - t0)
         print(f"sampling (Gumbel-max, counter hash)    {min(ts) * 1e6:7.0f} / {statistics.median(ts) * 1e6:7.0f} µs")
         attention(fast, b, args.steps)
+        if args.profile:
+            from torch.profiler import profile
+
+            with profile() as prof:
+                steps(fast.packed, 100)
+            print("\ntorch.profiler over 100 fused steps (and one prefill), per operator:")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 def attention(fast, b: int, n: int) -> None:

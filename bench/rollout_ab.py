@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def child(tree: str, runs: int, batch: int) -> None:
     sys.path.insert(0, str(REPO / "bench"))
-    from _workspace import params, workspace
+    from _workspace import rollout_workload, workspace
 
     workspace()
     sys.path.insert(0, tree)  # the tree's lopd, imported after the workspace exists
@@ -35,22 +35,10 @@ def child(tree: str, runs: int, batch: int) -> None:
     import torch
 
     import lopd
-    from lopd import data
-    from lopd.evaluate import make_envs
-    from lopd.paths import Paths
-    from lopd.pipeline.common import load_backbone
     from lopd.rollout import rollout_batch
 
     assert Path(lopd.__file__).resolve().is_relative_to(Path(tree).resolve()), lopd.__file__
-    p = params()
-    torch.set_num_threads(p.model.torch_threads)
-    bb = load_backbone(p, Paths(Path.cwd()))
-    tasks = [t for t in data.SplitReader(Paths(Path.cwd()).splits, role="base").load("train") if t.domain == "tool"]
-    tasks = tasks[:batch]
-    envs = make_envs(p)
-    bb.mode("student")
-    bb.model.eval()
-    kw = dict(max_new_tokens=p.evaluate.max_new_tokens, max_len=p.model.max_seq_len, temperature=p.evaluate.temperature)
+    _, bb, tasks, envs, kw = rollout_workload(batch)
 
     def run(i):
         return rollout_batch(bb.model, bb.fmt, envs, tasks, **kw, generator=torch.Generator().manual_seed(i % 5))

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 import time
 
-from _workspace import REPO, params, workspace
+from _workspace import REPO, rollout_workload, workspace
 
 sys.path.insert(0, str(REPO))  # tests.reference_rollout: the former engine
 
@@ -190,24 +190,11 @@ def main() -> None:
     workspace()
     import torch
 
-    from lopd import data
-    from lopd.paths import Paths
-    from lopd.pipeline.common import load_backbone
-    from lopd.evaluate import make_envs
     from lopd.rollout import rollout_batch
     from tests.reference_rollout import rollout_batch as reference_rollout_batch
 
-    p = params()
-    torch.set_num_threads(p.model.torch_threads)
-    bb = load_backbone(p, Paths(Path.cwd()))
-    tasks = data.SplitReader(Paths(Path.cwd()).splits, role="base").load("train")
-    tasks = [t for t in tasks if t.domain == "tool"][: args.batch]  # multi-turn episodes
-    envs = make_envs(p)
-    bb.mode("student")
-    bb.model.eval()
+    p, bb, tasks, envs, kw = rollout_workload(args.batch)
     print(f"matmul peak measured on {bb.device.type} with {torch.get_num_threads()} threads, in every repeat")
-    kw = dict(max_new_tokens=p.evaluate.max_new_tokens, max_len=p.model.max_seq_len,
-              temperature=p.evaluate.temperature)
     engines = {
         "engine (lean forward)": lambda rep: rollout_batch(bb.model, bb.fmt, envs, tasks, **kw,
                                                            generator=torch.Generator().manual_seed(rep)),
