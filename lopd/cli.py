@@ -19,6 +19,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from lopd.kernels import pin_kernels  # noqa: E402
+
+# before torch computes anything, here and in the warm worker this command may start (it inherits the
+# environment): the same CPU kernels on every x86-64 machine, whatever the parent environment says
+pin_kernels()
+
 import warnings  # noqa: E402
 
 # deprecation chatter from transformers/peft internals says nothing about our runs
@@ -237,7 +243,16 @@ class _timed:
         write_json(self.paths.root / ".lopd" / "timing" / f"{stage.replace('@', '-')}.json",
                    {"stage": stage, "kind": self.cmd, "t_process": float(os.environ.get("LOPD_T0", self.t0)),
                     "t_work": self.t0, "t_end": time.time(), "cpu_work": cpu,
-                    "warm": os.environ.get("LOPD_IN_WARM") == "1"})
+                    "warm": os.environ.get("LOPD_IN_WARM") == "1", "kernels": _kernels()})
+
+
+def _kernels() -> dict:
+    """The kernels the stage actually ran with (empty for a stage that never imported torch)."""
+    if "torch" not in sys.modules:
+        return {}
+    from lopd.kernels import kernel_record
+
+    return kernel_record()
 
 
 # --------------------------------------------------------------------------- declared = read

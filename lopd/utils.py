@@ -18,11 +18,13 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
     """Seed python, numpy and torch; fix the thread count (CPU float reductions depend on it)."""
     import torch
 
+    from lopd.kernels import pin_threads
+
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
     if threads:
-        torch.set_num_threads(threads)
+        pin_threads(threads)
 
 
 def _clean(x: Any) -> Any:

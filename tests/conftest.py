@@ -26,6 +26,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from lopd.kernels import pin_kernels  # noqa: E402
+
+# before any test imports torch and computes: in-process stages then use the kernels a stage
+# process pins (lopd.cli does the same), whatever the CI runner's environment says
+pin_kernels()
+
 TINY = {
     "envs": {"n_train": 48, "n_val": 16, "n_test": 16, "n_target_worlds": 4, "n_pretrain_worlds": 96},
     "base": {"steps": 400},  # (as profiles/smoke.yaml: enough for the bank to hold successes)

@@ -11,6 +11,7 @@ from lopd.fast_decoder import FastDecoder
 from lopd.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.rollout import rollout_batch
 from tests import tiny_policy as tp
+from tests.near_ties import assert_no_near_ties
 from tests.reference_rollout import rollout_batch as reference_rollout_batch
 
 
@@ -33,6 +34,9 @@ def _coverage(rolls, fmt) -> dict:
             "finished": any(r.finished for r in rolls), "obs": any(m[0] == "obs" for r in rolls for m in r.messages)}
 
 
+# fused against unfused maps: two kernel paths, compared within float32 rounding (see the test)
+FUSED_TOL = dict(atol=1e-5, rtol=1e-5)
+
 # (max_new_tokens, max_len): the pipeline's lengths, and short ones that force turn ends and cut episodes
 LENGTHS = [(24, 160), (3, 40)]
 
@@ -45,6 +49,7 @@ def test_greedy_equals_reference_random_init(arch):
     for mnt, max_len in LENGTHS:
         ref = reference_rollout_batch(model, fmt, tp.envs(), tasks, max_new_tokens=mnt, max_len=max_len, greedy=True)
         new = rollout_batch(model, fmt, tp.envs(), tasks, max_new_tokens=mnt, max_len=max_len, greedy=True)
+        assert_no_near_ties(model, ref)
         _assert_same(new, ref)
         for k, v in _coverage(ref, fmt).items():
             seen[k] = seen.get(k, False) or v
@@ -59,6 +64,7 @@ def test_greedy_equals_reference_trained_lora_policy():
         ref = reference_rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=mnt, max_len=max_len,
                                       greedy=True)
         new = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=mnt, max_len=max_len, greedy=True)
+        assert_no_near_ties(bb.model, ref)
         _assert_same(new, ref)
         for k, v in _coverage(ref, bb.fmt).items():
             seen[k] = seen.get(k, False) or v
@@ -72,6 +78,7 @@ def test_without_cache_same_tokens():
     tasks = tp.tasks(3, 2)
     a = rollout_batch(model, fmt, tp.envs(), tasks, max_new_tokens=6, max_len=60, greedy=True)
     b = rollout_batch(model, fmt, tp.envs(), tasks, max_new_tokens=6, max_len=60, greedy=True, use_cache=False)
+    assert_no_near_ties(model, a)
     _assert_same(b, a)
 
 
@@ -90,6 +97,7 @@ def test_finished_rows_leave_the_batch_and_turns_prefill_in_one_forward(monkeypa
     monkeypatch.setattr(engine, "_forward", recording_forward)
     rolls = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, max_new_tokens=24, max_len=160, greedy=True)
     monkeypatch.undo()
+    assert_no_near_ties(bb.model, rolls)  # batch make-up changes the kernels' shapes: no choice may be a near-tie
     sampled = [sum(r.gen_mask) for r in rolls]  # tokens the policy chose (forced turn ends excluded)
     rows = [b for b, _ in shapes]
     # one forward per sampled token of the longest row; each live row samples exactly once per forward
@@ -248,9 +256,10 @@ def test_fast_and_hf_engines_give_the_same_rollouts():
     bb = _lora_backbone("qwen3")
     bb.mode("student")
     tasks = tp.tasks(4, 2, seed=29)
-    kw = dict(max_new_tokens=6, max_len=80, greedy=False, seeds=[11, 12, 13, 14, 15, 16])
+    kw = dict(max_new_tokens=6, max_len=80, greedy=False, seeds=[21, 22, 23, 24, 25, 26])  # 11..16 hold a near-tie (2e-5)
     a = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="auto", **kw)
     b = rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="hf", **kw)
+    assert_no_near_ties(bb.model, b, seeds=kw["seeds"])
     _assert_same(a, b)
     with pytest.raises(ValueError, match="unknown rollout engine"):
         rollout_batch(bb.model, bb.fmt, tp.envs(), tasks, engine="vllm", **kw)
@@ -283,9 +292,14 @@ def _packed_steps(fast, forward, n_rows: int = 5, steps: int = 12, seed: int = 0
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 @pytest.mark.parametrize("role", ["student", "composer", "teacher"])
 @pytest.mark.parametrize("lora_alpha", [16, 12])  # scaling 2 (folded into B) and 1.5 (applied as peft does)
-def test_fused_packed_forward_bitwise_equals_unfused(arch, role, lora_alpha):
+def test_fused_packed_forward_matches_unfused(arch, role, lora_alpha):
     """The packed forward with fused maps (q|k|v and gate|up as one matmul, the adapters' A as one,
-    q- and k-norm at once, rotary from a table) gives the same bits as the maps one by one."""
+    q- and k-norm at once, rotary from a table) agrees with the maps one by one to FUSED_TOL.
+
+    Not bitwise: one matmul over stacked weights is another kernel call on another shape than one
+    matmul per map, and how BLAS blocks it (hence the summation order) depends on the CPU: on an
+    AVX-512 EPYC the adapters' stacked A gave other bits even under the AVX2 pin. Measured gap:
+    at most a few float32 ulps of the logits (< 1e-6)."""
     from lopd.model.backbone import Backbone
 
     model, _ = tp.random_policy(arch)
@@ -304,8 +318,10 @@ def test_fused_packed_forward_bitwise_equals_unfused(arch, role, lora_alpha):
         assert folded and all(folded) == (lora_alpha == 16)
     fused, keys_fused = _packed_steps(fast, fast.packed)
     plain, keys_plain = _packed_steps(fast, fast.packed_unfused)
-    assert all(torch.equal(a, b) for a, b in zip(fused, plain))
-    assert all(torch.equal(a, b) for a, b in zip(keys_fused, keys_plain))
+    for a, b in zip(fused, plain):
+        torch.testing.assert_close(a, b, **FUSED_TOL)
+    for a, b in zip(keys_fused, keys_plain):
+        torch.testing.assert_close(a, b, **FUSED_TOL)
 
 
 def test_fused_forward_falls_back_for_mixed_dtypes():
@@ -319,8 +335,13 @@ def test_fused_forward_falls_back_for_mixed_dtypes():
             mod.lora_B["student"].to(torch.float64)
     fast = FastDecoder.build(bb.model)
     assert fast is not None and fast.fused is None
-    outs, _ = _packed_steps(fast, fast.packed, steps=3)
-    assert all(torch.isfinite(o).all() for o in outs)
+    # the fallback still computes the model: its logits equal the HF + peft forward's on the same tokens
+    ids = torch.randint(8, 60, (3, 6), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        cache = RaggedKVCache(3, capacity=16, device=torch.device("cpu"))
+        out = fast.packed(ids.reshape(-1), cache.packed([6, 6, 6], fast.kv_heads), cache)
+        ref = bb.model(input_ids=ids, use_cache=False).logits[:, -1]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_large_models_are_not_fused(monkeypatch):

@@ -14,6 +14,7 @@ from lopd.evaluate import evaluate_policy, sample_seed
 from lopd.rollout import rollout_batch
 from lopd.sampling import choose_tokens, derive_seed, mix32, uniforms
 from tests import tiny_policy as tp
+from tests.near_ties import assert_no_near_ties
 
 
 def _mix32_python(x: int) -> int:
@@ -100,6 +101,7 @@ def test_same_task_and_seed_same_tokens_in_any_batch():
     kw = dict(max_new_tokens=24, max_len=160, greedy=False, temperature=1.0)
     one = rollout_batch(bb.model, bb.fmt, tp.envs(), [a, b, c], seeds=[101, 202, 303], **kw)
     two = rollout_batch(bb.model, bb.fmt, tp.envs(), [d, c, e, a], seeds=[404, 303, 505, 101], **kw)
+    assert_no_near_ties(bb.model, one, seeds=[101, 202, 303])  # another batch make-up is another kernel shape
     assert (one[0].ids, one[0].messages, one[0].gen_mask) == (two[3].ids, two[3].messages, two[3].gen_mask)
     assert (one[2].ids, one[2].messages) == (two[1].ids, two[1].messages)
     # and the seed matters: other seeds give other draws for the same task
@@ -129,6 +131,10 @@ def test_evaluate_samples_per_task_common_random_numbers():
     # another subset, order and batch size: the shared tasks get the very same samples
     sub = [ts[5], ts[1], ts[3]]
     part = evaluate_policy(bb.model, bb.fmt, tp.envs(), sub, batch_size=2, samples_per_task=3, **kw)
+    sub_rolls = rollout_batch(bb.model, bb.fmt, tp.envs(), [t for t in sub for _ in range(3)],
+                              seeds=[sample_seed(20_000, t.task_id, k) for t in sub for k in range(3)],
+                              max_new_tokens=24, max_len=160)
+    assert_no_near_ties(bb.model, sub_rolls, seeds=[sample_seed(20_000, t.task_id, k) for t in sub for k in range(3)])
     by_id = {r["task_id"]: r["rewards"] for r in full["per_task"]}
     for row in part["per_task"]:
         assert row["rewards"] == by_id[row["task_id"]]
