@@ -1,7 +1,8 @@
 """Sealed task splits.
 
-``prepare`` writes ``train``/``val``/``test`` task files (JSON lines, disjoint by task id,
-all in the *target* worlds) and a manifest holding each file's SHA-256 and the worlds
+``prepare`` writes ``train``/``val``/``test`` task files (JSON lines, disjoint by task id *and by
+content*, all in the *target* worlds) and a manifest holding each file's SHA-256, each task's
+content hash (:func:`content_key`), the splits' content overlap (0 by construction) and the worlds
 record (per domain: target and pretraining world names with their families, a hash of
 their conventions, ``null_world``). :class:`SplitReader` is the only way to read
 them: it checks the hash against the manifest, and it refuses ``test`` unless it was
@@ -23,6 +24,7 @@ from typing import Literal
 from lopd.envs import make_env
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
+from lopd.utils import atomic_write_text, content_overlap
 
 SPLITS = ("train", "val", "test")
 Role = Literal["prepare", "base", "bank", "cold_start", "probe", "hpo", "train", "sensitivity", "evaluate", "test"]
@@ -38,24 +40,58 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def content_key(task: Task) -> str:
+    """A task's content: its domain and prompt, which name the world, the family, the operation and
+    every argument (the canonical spec the policy sees). Two tasks with one key are the same task
+    whatever their ids; in a null world their hidden conventions may differ, and they still count
+    as one (a prompt learnt in train must not come back in test). 16 hex digits of SHA-256."""
+    return hashlib.sha256(json.dumps([task.domain, " ".join(task.prompt.split())]).encode()).hexdigest()[:16]
+
+
+# candidates drawn per world before a family's space counts as too small for the requested sizes
+_MAX_DRAWS_PER_TASK = 64
+
+
 def generate_splits(envs_params) -> dict[str, list[Task]]:
-    """Tasks for every domain and split. Each split uses its own generator seed, and any
-    task id that collides across splits is dropped from the later split (ids embed the seed,
-    so collisions cannot happen by construction; the check is a guard)."""
+    """Tasks for every domain and split, drawn **without replacement** from the space of task contents
+    (:func:`content_key`): no task appears twice in one split, and no val or test task shares its
+    content with a train task or with each other.
+
+    Per domain, one seeded stream of candidates is dealt round-robin over the target worlds (as
+    the worlds' own generator does), train first, then val, then test; a candidate whose content
+    was already dealt is skipped. If a world runs out of distinct candidates (its family's space is
+    smaller than the sizes ask), generation stops with an error naming the family and the sizes."""
     counts = {"train": envs_params.n_train, "val": envs_params.n_val, "test": envs_params.n_test}
     out: dict[str, list[Task]] = {s: [] for s in SPLITS}
     for d_i, domain in enumerate(envs_params.domains):
         env = make_env(domain, envs_params)
-        for s_i, split in enumerate(SPLITS):
-            seed = envs_params.seed * 1000 + 10 * s_i + d_i
-            out[split].extend(env.generate(seed, counts[split]))
-    seen: set[str] = set()
-    for split in SPLITS:
-        ids = [t.task_id for t in out[split]]
-        if len(set(ids)) != len(ids) or seen & set(ids):
-            raise RuntimeError(f"task ids collide in split {split}")
-        seen |= set(ids)
+        n_worlds = len(env.worlds["target"])
+        per_world = -(-sum(counts.values()) // n_worlds)
+        cands = env.generate(envs_params.seed * 1000 + d_i, _MAX_DRAWS_PER_TASK * per_world * n_worlds)
+        queues = [iter(cands[w::n_worlds]) for w in range(n_worlds)]
+        seen: set[str] = set()
+        for split in SPLITS:
+            for j in range(counts[split]):
+                out[split].append(_next_fresh(queues[j % n_worlds], seen, domain, counts, n_worlds))
+    ids = [t.task_id for s in SPLITS for t in out[s]]
+    if len(set(ids)) != len(ids):  # ids embed the stream index: a guard, not an expected case
+        raise RuntimeError("task ids collide across splits")
     return out
+
+
+def _next_fresh(queue, seen: set[str], domain: str, counts: dict, n_worlds: int) -> Task:
+    first = None
+    for t in queue:
+        first = first or t
+        key = content_key(t)
+        if key not in seen:
+            seen.add(key)
+            return t
+    sizes = ", ".join(f"n_{s} {n}" for s, n in counts.items())
+    raise BadInput(f"envs: the {domain} family {getattr(first, 'family', '?')!r} has fewer distinct tasks per world "
+                   f"than the splits ask ({sizes} over {n_worlds} target worlds, about "
+                   f"{-(-sum(counts.values()) // n_worlds)} per world, none repeated): lower envs.n_train / n_val / "
+                   f"n_test or raise envs.n_target_worlds")
 
 
 def worlds_record(envs_params) -> dict:
@@ -81,8 +117,10 @@ def write_splits(out_dir: Path, splits: dict[str, list[Task]], worlds: dict | No
             for t in tasks:
                 f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
         os.replace(tmp, path)
-        manifest["files"][split] = {"path": path.name, "sha256": sha256_file(path), "n": len(tasks)}
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        manifest["files"][split] = {"path": path.name, "sha256": sha256_file(path), "n": len(tasks),
+                                    "content": [content_key(t) for t in tasks]}
+    manifest["content_overlap"] = content_overlap({s: e["content"] for s, e in manifest["files"].items()})
+    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
 

@@ -250,3 +250,12 @@ def pid_started_before(pid: int, t: float) -> bool:
         return False
     except psutil.Error:
         return True
+
+
+def content_overlap(hashes: dict[str, list[str]]) -> dict:
+    """Content overlap of the splits, from each split's list of task content hashes: the number of
+    shared hashes for every pair of splits (``"train-test": 0``), and of repeated hashes within each."""
+    order = [s for s in ("train", "val", "test") if s in hashes] + sorted(set(hashes) - {"train", "val", "test"})
+    sets = {s: set(hashes[s]) for s in order}
+    between = {f"{a}-{b}": len(sets[a] & sets[b]) for i, a in enumerate(order) for b in order[i + 1:]}
+    return {"between": between, "within": {s: len(hashes[s]) - len(sets[s]) for s in order}}

@@ -157,7 +157,8 @@ def _write_run(root: Path, rng, arm: str, s: int) -> None:
 
 def _write_side_inputs(root: Path, rng, hpo: bool, sensitivity: bool, hpo_test_dep: bool, hpo_reads_test: bool):
     _wjson(root / "data" / "splits" / "manifest.json",
-           {"files": {s: {"path": f"{s}.jsonl", "sha256": SHA[s], "n": 10} for s in ("train", "val", "test")}})
+           {"files": {s: {"path": f"{s}.jsonl", "sha256": SHA[s], "n": 10,
+                          "content": [f"{s}{i:014d}" for i in range(10)]} for s in ("train", "val", "test")}})
     (root / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(hpo_test_dep), sort_keys=False))
     _wjson(root / "results" / "base" / "result.json", {"splits_read": [
         {"split": "train", "role": "base", "sha256": SHA["train"]},
@@ -428,6 +429,30 @@ def test_leakage_violation_is_flagged(tmp_path, kind):
     audit = _read(tmp_path, "leakage_audit.md")
     assert "LEAKAGE VIOLATION" in audit and "`hpo`" in audit.split("## Split files")[0]
     assert CLEAN_LEAKAGE_SENTENCE not in audit and lk["clean"] is False
+
+
+def test_content_overlap_between_splits_is_a_violation_and_missing_hashes_unverified(tmp_path):
+    """Disjoint ids are not enough: a test task with a train task's content (its hash in both lists)
+    is a leak; a manifest without content hashes leaves the audit unverified, not clean."""
+    make_fixture(tmp_path, n_seeds=2)
+    man_path = tmp_path / "data" / "splits" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    man["files"]["test"]["content"][3] = man["files"]["train"]["content"][7]
+    man["files"]["val"]["content"][1] = man["files"]["val"]["content"][0]
+    man_path.write_text(json.dumps(man))
+    lk = leakage(tmp_path, load_runs(tmp_path), ["lopd"])
+    assert lk["content_overlap"] == {"between": {"train-val": 0, "train-test": 1, "val-test": 0},
+                                     "within": {"train": 0, "val": 1, "test": 0}}
+    assert lk["violations"] == ["splits train and test share 1 tasks by content (same prompt)"]
+    assert any("split val holds 1 repeated tasks" in w for w in lk["warnings"]) and lk["clean"] is False
+    write_leakage(tmp_path / "reports", lk)
+    assert "| train-test | 1 |" in _read(tmp_path, "leakage_audit.md")
+    for e in man["files"].values():
+        e.pop("content")
+    man_path.write_text(json.dumps(man))
+    lk = leakage(tmp_path, load_runs(tmp_path), ["lopd"])
+    assert lk["content_overlap"] is None and lk["clean"] is False
+    assert any("no content hashes" in u for u in lk["unverified"])
 
 
 def test_an_extra_seed_stage_is_audited_as_the_stage_it_repeats(tmp_path):

@@ -233,3 +233,29 @@ def test_splits_cover_every_target_world(params):
             got = [t.world for t in splits[s] if t.domain == d]
             assert set(got) <= set(names)
             assert got == [names[i % len(names)] for i in range(len(got))]  # round-robin
+
+
+def test_manifest_records_content_hashes_and_zero_overlap(root, params):
+    man = json.loads((root / "manifest.json").read_text())
+    splits = generate_splits(params.envs)
+    for s in SPLITS:
+        assert man["files"][s]["content"] == [data_mod.content_key(t) for t in splits[s]]
+    assert man["content_overlap"] == {"between": {"train-val": 0, "train-test": 0, "val-test": 0},
+                                      "within": {"train": 0, "val": 0, "test": 0}}
+
+
+def test_content_key_is_the_prompt_not_the_id():
+    a = Task(task_id="tool/bank/1-00001", domain="tool", family="bank", prompt="ro mu bank : send 9 to cy")
+    b = Task(task_id="tool/bank/2-00007", domain="tool", family="bank", prompt="ro mu bank :  send 9 to cy")
+    c = Task(task_id="code/x/2-00007", domain="code", family="bank", prompt="ro mu bank : send 9 to cy")
+    assert data_mod.content_key(a) == data_mod.content_key(b) != data_mod.content_key(c)
+
+
+def test_a_family_space_too_small_for_the_sizes_is_a_clear_error():
+    """The clamp family has 45 distinct tasks per world: 4 worlds of it cannot give 200 distinct ones
+    each. Generation stops and names the family and the sizes instead of repeating tasks."""
+    p = default_params({"envs": {"domains": ["code"], "n_target_worlds": 4, "n_train": 700, "n_val": 50,
+                                 "n_test": 50}})
+    with pytest.raises(BadInput, match=r"family '\w+' has fewer distinct tasks per world than the splits ask "
+                                       r"\(n_train 700, n_val 50, n_test 50 over 4 target worlds"):
+        generate_splits(p.envs)

@@ -3,6 +3,8 @@ revealed by a successful trajectory, and load-bearing for the reward."""
 
 from __future__ import annotations
 
+import json
+
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +27,8 @@ def _params(profile: str | None = None):
     return parse_params(raw)
 
 
-@pytest.fixture(scope="module", params=[None, "profiles/null-world.yaml"], ids=["default", "null-world"])
+@pytest.fixture(scope="module", params=[None, "profiles/null-world.yaml", "profiles/smoke.yaml"],
+                ids=["default", "null-world", "smoke"])
 def profile_splits(request):
     p = _params(request.param)
     return p, generate_splits(p.envs)
@@ -81,6 +84,24 @@ def test_splits_share_target_worlds_and_are_disjoint_by_task(profile_splits):
         target = {w.name for w in make_env(domain, p.envs).worlds["target"]}
         for s in SPLITS:
             assert {t.world for t in splits[s] if t.domain == domain} == target, (domain, s)
+
+
+def test_splits_are_disjoint_by_content(profile_splits):
+    """No task's content (its prompt: world, family, operation, arguments) repeats, within a split or
+    across splits; checked on the prompts themselves, independently of the manifest's hashes."""
+    _, splits = profile_splits
+    prompts = {s: [(t.domain, " ".join(t.prompt.split())) for t in splits[s]] for s in SPLITS}
+    for s in SPLITS:
+        assert len(set(prompts[s])) == len(prompts[s]), f"{s} repeats a task"
+    for i, a in enumerate(SPLITS):
+        for b in SPLITS[i + 1:]:
+            shared = set(prompts[a]) & set(prompts[b])
+            assert not shared, f"{a} and {b} share {len(shared)} tasks, e.g. {sorted(shared)[0]}"
+    # the specs the verifier applies are disjoint too (conventions aside, which a world fixes)
+    core = {s: {json.dumps([t.domain, t.world, {k: v for k, v in t.spec.items() if k not in
+                                                ("conventions", "inputs", "expected", "solution")}], sort_keys=True)
+                for t in splits[s]} for s in SPLITS}
+    assert not (core["train"] & core["test"] or core["train"] & core["val"] or core["val"] & core["test"])
 
 
 def test_world_is_named_in_prompt(profile_splits):

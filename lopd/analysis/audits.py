@@ -15,13 +15,15 @@ from lopd.analysis import stats as st
 from lopd.analysis.loading import read_json
 from lopd.analysis.render import arm_order, fmt, md_table, write_text
 from lopd.errors import BadInput
+from lopd.utils import content_overlap
 
 SPLITS = ("train", "val", "test")
 EVAL_STAGE = "evaluate"
 HPO_STAGE = "hpo"
 CLEAN_LEAKAGE_SENTENCE = (
     "The hyper-parameters (m, K, n_ret) were selected on the validation split only; "
-    "no stage other than evaluate depends on or read the test split."
+    "no stage other than evaluate depends on or read the test split; "
+    "no val or test task shares its content with a train task."
 )
 
 
@@ -134,6 +136,19 @@ def leakage(root: Path, runs, checked_arms) -> dict:
             if exp and read.get("sha256") and read["sha256"] != exp:
                 warnings_.append(f"{r['path'].relative_to(root)}: read {split} with SHA-256 {read['sha256'][:12]}… "
                                  f"but the manifest has {exp[:12]}…")
+    overlap = None
+    content = {s: e.get("content") for s, e in manifest.items() if isinstance(e, dict)}
+    if manifest and all(isinstance(v, list) for v in content.values()):
+        overlap = content_overlap(content)
+        for pair, n in overlap["between"].items():
+            if n:
+                violations.append(f"splits {pair.replace('-', ' and ')} share {n} tasks by content (same prompt)")
+        for split, n in overlap["within"].items():
+            if n:
+                warnings_.append(f"split {split} holds {n} repeated tasks (same prompt)")
+    elif manifest:
+        unverified.append("data/splits/manifest.json has no content hashes: content overlap between splits cannot be "
+                          "checked (rerun prepare)")
     notes = []
     if not any(r["stage"] == HPO_STAGE and r["reads"] for r in recs):
         notes.append("no run-time record from hpo (hpo/result.json with splits_read): the hpo part of the audit "
@@ -151,7 +166,7 @@ def leakage(root: Path, runs, checked_arms) -> dict:
                 if bad:
                     warnings_.append(f"{arm} seed {seed} used {', '.join(f'{k}={hp[k]}' for k in bad)} but "
                                      f"hpo/best_params.yaml selected {', '.join(f'{k}={best[k]}' for k in bad)}")
-    return {"manifest": manifest, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
+    return {"manifest": manifest, "content_overlap": overlap, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
             "warnings": warnings_, "notes": notes, "clean": not violations and not unverified}
 
 
@@ -177,6 +192,15 @@ def write_leakage(out: Path, lk: dict) -> None:
                                        *sorted(set(lk["manifest"]) - set(SPLITS))]]))
     else:
         md.append("MISSING: data/splits/manifest.json.")
+    ov = lk.get("content_overlap")
+    md += ["", "## Content overlap (tasks with the same prompt, from the manifest's content hashes)", ""]
+    if ov is None:
+        md.append("UNVERIFIED: the manifest holds no content hashes.")
+    else:
+        md.append("Splits are disjoint by task id *and* by content: a task whose prompt (world, family, operation, "
+                  "arguments) is in train never reappears in val or test. Must be 0 everywhere.")
+        md += ["", md_table(["between splits", "shared tasks"], [[k, str(v)] for k, v in ov["between"].items()]),
+               "", md_table(["within split", "repeated tasks"], [[k, str(v)] for k, v in ov["within"].items()])]
     md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", ""]
     runtime: dict[str, dict] = {}
     for r in lk["records"]:
