@@ -216,6 +216,7 @@ class TrainParams(_Section):
     rollout_budget: int | None = Field(ge=1)
     val_every: int = Field(ge=1)
     val_tasks: int = Field(ge=1)
+    val_samples_per_task: int = Field(ge=1)
     checkpoint_every: int = Field(ge=1)
     beta_max: float = Field(gt=0)
     infeasible_patience: int = Field(ge=1)
@@ -261,9 +262,28 @@ class HpoParams(_Section):
     k_choices: list[int]
     n_ret_min: int = Field(ge=1)
     n_ret_max: int = Field(ge=1)
+    lr_choices: list[float]
+    baseline_arms: list[str]
+    tie_rule: Literal["best", "median_margin", "smallest_margin"]
+    tie_alpha: float = Field(gt=0.0, lt=1.0)
     seeds_per_trial: int = Field(ge=1)
-    steps: int = Field(ge=1)
+    steps: int | None = Field(ge=1)
     val_every: int = Field(ge=1)
+
+    @field_validator("lr_choices")
+    @classmethod
+    def _lrs(cls, v):
+        if not v or any(x <= 0 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"hpo.lr_choices must be distinct learning rates > 0, got {v}")
+        return v
+
+    @field_validator("baseline_arms")
+    @classmethod
+    def _baselines(cls, v):
+        bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
+        if bad or len(set(v)) != len(v):
+            raise ValueError(f"hpo.baseline_arms must be distinct training arms, got {v}")
+        return v
 
     @field_validator("margin_choices")
     @classmethod
@@ -291,7 +311,7 @@ class SensitivityParams(_Section):
     margins: list[float]
     ks: list[int]
     n_rets: list[int]
-    steps: int = Field(ge=1)
+    steps: int | None = Field(ge=1)
 
 
 class RuleParams(_Section):

@@ -65,8 +65,89 @@ def beta_flags(hist: dict[str, np.ndarray]) -> dict:
                   "unbounded": bool(rising and beta[-1] > 0 and beta[-1] > 5.0 * mid)}
 
 
+# Binding of the constraint over the last quarter of training (see ``constraint_status``).
+BAND_FRAC, BAND_FLOOR = 0.25, 0.01
+"""Band around m: Δ(φ) "stays at m" if its last-quarter mean is within ``band(m) = max(0.25·|m|, 0.01)`` nats.
+Δ(φ) is a per-step minibatch estimate and dual ascent makes it oscillate around m, so a relative band is needed;
+25% separates "held at m" from "well off m" for the margins in use (0.01–0.2), and the 0.01-nat floor keeps the
+band non-empty at m = 0 (and near it), where a relative band would be zero."""
+BETA_ZERO = 1e-3
+"""β ≤ 1e-3 counts as zero: with η_β = 0.5 that is one dual step's push from a 0.002-nat shortfall of Δ."""
+LEVEL_FRAC = 0.10
+"""β has levelled off if its fitted change across the window is ≤ max(0.10·|β_last|, BETA_ZERO)."""
+STATUSES = ("binds", "slack", "degenerates", "unsettled", "too short", "no m")
+
+
+def constraint_band(m: float) -> float:
+    return max(BAND_FRAC * abs(m), BAND_FLOOR)
+
+
+def _tail_window(hist: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(steps, Δ, β) of the last quarter of the steps where step, Δ and β are all finite (steps ≥ s0 +
+    0.75·(s1 − s0), as ``beta_flags``), sorted by step; and the number of such steps in the whole run."""
+    if not all(k in hist for k in ("step", "delta_phi", "beta")):
+        return np.array([]), np.array([]), np.array([]), 0
+    st, d, b = (np.asarray(hist[k], dtype=float) for k in ("step", "delta_phi", "beta"))
+    ok = np.isfinite(st) & np.isfinite(d) & np.isfinite(b)
+    order = np.argsort(st[ok], kind="stable")
+    st, d, b = st[ok][order], d[ok][order], b[ok][order]
+    if st.size == 0:
+        return st, d, b, 0
+    tail = st >= st[0] + 0.75 * (st[-1] - st[0])
+    return st[tail], d[tail], b[tail], int(st.size)
+
+
+def constraint_status(hist: dict[str, np.ndarray], m: float | None) -> dict:
+    """Whether the margin constraint binds over the last quarter of steps (window as ``beta_flags``; steps
+    where step, Δ(φ) or β is nan are dropped first). With ``band = constraint_band(m)``, ``mean_delta`` the
+    window-mean Δ, ``beta_change`` the least-squares slope of β × the window's step span:
+
+    - ``binds``: β_last > BETA_ZERO, |beta_change| ≤ max(LEVEL_FRAC·β_last, BETA_ZERO) and |mean_delta − m| ≤ band;
+    - ``slack``: max β in the window ≤ BETA_ZERO and mean_delta ≥ m (margin holds without pressure);
+    - ``degenerates``: β rising (slope > 0 and β_last > β_first, as ``beta_flags``) and mean_delta < m − band;
+    - ``unsettled``: none of these (``reason`` says what is off);
+    - ``too short``: < 3 usable steps in the run or < 2 in the window; ``no m``: m unknown.
+    The four classes are mutually exclusive."""
+    st, d, b, n = _tail_window(hist)
+    out = {"status": "too short", "reason": "", "m": m, "band": None, "n_window": int(st.size), "mean_delta": None,
+           "beta_first": None, "beta_last": None, "beta_slope": None, "beta_change": None}
+    if n < 3 or st.size < 2:
+        return out | {"reason": f"{n} usable steps, {st.size} in the last quarter (need ≥ 3 and ≥ 2)"}
+    slope = float(np.polyfit(st, b, 1)[0])
+    out |= {"mean_delta": float(np.mean(d)), "beta_first": float(b[0]), "beta_last": float(b[-1]),
+            "beta_slope": slope, "beta_change": slope * float(st[-1] - st[0])}
+    if m is None or not finite(m):
+        return out | {"status": "no m", "reason": "margin m unknown"}
+    out |= {"m": float(m), "band": constraint_band(float(m))}
+    return out | _classify(out, float(np.max(b)))
+
+
+def _classify(c: dict, beta_max: float) -> dict:
+    """The status (and, for ``unsettled``, what is off) of a ``constraint_status`` window summary."""
+    m, band, md, b0, b1, ch = c["m"], c["band"], c["mean_delta"], c["beta_first"], c["beta_last"], c["beta_change"]
+    tol = max(LEVEL_FRAC * abs(b1), BETA_ZERO)
+    levelled, rising, in_band = abs(ch) <= tol, c["beta_slope"] > 0 and b1 > b0, abs(md - m) <= band
+    if b1 > BETA_ZERO and levelled and in_band:
+        return {"status": "binds", "reason": ""}
+    if beta_max <= BETA_ZERO and md >= m:
+        return {"status": "slack", "reason": ""}
+    if rising and md < m - band:
+        return {"status": "degenerates", "reason": ""}
+    off = []
+    if beta_max <= BETA_ZERO:
+        off.append(f"β ≈ 0 but mean Δ {md:.4f} < m {m:.4f}")
+    elif not levelled:
+        off.append(f"β still {'rising' if ch > 0 else 'falling'} (change {ch:+.4g} > tolerance {tol:.4g})")
+    elif b1 <= BETA_ZERO:
+        off.append("β back to ≈ 0 at the end of the window")
+    if not in_band and beta_max > BETA_ZERO:
+        off.append(f"mean Δ {md:.4f} {'above' if md > m else 'below'} m ± {band:.4f}")
+    return {"status": "unsettled", "reason": "; ".join(off)}
+
+
 def margin_dynamics(runs) -> dict:
-    """Per run of the dynamics arms: m, max Δ(φ), β flags and the flags of margin-active arms."""
+    """Per run of the dynamics arms: m, max Δ(φ), β flags and, for margin-active arms, their flags and
+    ``constraint`` (``constraint_status``; None for the reference arms)."""
     m_lopd = margin_value(runs)
     rows = []
     for arm in DYNAMICS_ARMS:
@@ -84,7 +165,8 @@ def margin_dynamics(runs) -> dict:
                 flags += ["Δ never reaches m"] if m is not None and max_d is not None and max_d < m else []
                 flags += ["no Δ recorded"] if max_d is None else []
             rows.append({"arm": arm, "seed": seed, "m": m, "max_delta": max_d,
-                         "infeasible": bool(res.get("infeasible_margin")), **b, "active": active, "flags": flags})
+                         "infeasible": bool(res.get("infeasible_margin")), **b, "active": active, "flags": flags,
+                         "constraint": constraint_status(hist, m) if active else None})
     return {"m": m_lopd, "rows": rows}
 
 
@@ -162,16 +244,48 @@ def render_margin_dynamics(info: dict) -> str:
           "- **β grows without bound**: β still increasing over the last 25% of steps (positive slope and last > "
           "first in that window) and final β > 5 × β at mid-run;",
           "- **infeasible_margin**: the run itself reported the margin infeasible (result.json);",
-          "- **Δ never reaches m**: max over steps of Δ(φ) < m.", ""]
+          "- **Δ never reaches m**: max over steps of Δ(φ) < m.", "", *_constraint_legend(m), ""]
     if not rows:
         return "\n".join(md + ["MISSING: no runs of " + ", ".join(DYNAMICS_ARMS) + "."])
     table = [[r["arm"], str(r["seed"]), fmt(r["m"], 4), fmt(r["max_delta"], 4), fmt(r["beta_mid"], 4),
               fmt(r["beta_final"], 4), "yes" if r["rising"] else "no", "yes" if r["infeasible"] else "no",
+              *_constraint_cells(r.get("constraint")),
               (", ".join(r["flags"]) or "—") if r["active"] else "(reference, not flagged)"] for r in rows]
     md.append(md_table(["arm", "seed", "m", "max Δ", "β mid", "β final", "β rising (last 25%)", "infeasible_margin",
-                        "flags"], table))
+                        "mean Δ (last 25%)", "constraint (last 25%)", "flags"], table))
     flagged = sum(1 for r in rows if r["active"] and r["flags"])
-    return "\n".join(md + ["", f"{flagged} of {sum(r['active'] for r in rows)} margin-active runs flagged."])
+    return "\n".join(md + ["", f"{flagged} of {sum(r['active'] for r in rows)} margin-active runs flagged.", "",
+                           "Constraint status per margin-active arm (last 25% of steps):", *_constraint_summary(rows)])
+
+
+def _constraint_legend(m: float | None) -> list[str]:
+    at_m = f" (= {constraint_band(m):.4f} at m = {m:.4f})" if m is not None else ""
+    return ["Constraint status of each margin-active run over the last 25% of its steps (steps with a nan Δ(φ) or "
+            f"β dropped), with band(m) = max({BAND_FRAC:g}·|m|, {BAND_FLOOR:g}) nats{at_m}, mean Δ = the window's "
+            "mean Δ(φ), β change = least-squares slope of β × the window's step span:",
+            f"- **binds**: final β > {BETA_ZERO:g}, β levelled off (|β change| ≤ max({LEVEL_FRAC:g} × final β, "
+            f"{BETA_ZERO:g})) and |mean Δ − m| ≤ band;",
+            f"- **slack**: β ≤ {BETA_ZERO:g} throughout the window and mean Δ ≥ m (the margin holds without pressure);",
+            "- **degenerates**: β keeps rising (positive slope and last > first in the window) while mean Δ < m − band;",
+            "- **unsettled**: none of these (what is off is given); **too short**: < 3 usable steps (or < 2 in the "
+            "window); **no m**: the margin is unknown."]
+
+
+def _constraint_cells(c: dict | None) -> list[str]:
+    if c is None:
+        return ["—", "—"]
+    return [fmt(c["mean_delta"], 4), c["status"] + (f" ({c['reason']})" if c["reason"] else "")]
+
+
+def _constraint_summary(rows: list[dict]) -> list[str]:
+    """One line per margin-active arm: "lopd: binds in 7 of 10 runs, degenerates in 2, slack in 1"."""
+    lines = []
+    for arm in dict.fromkeys(r["arm"] for r in rows if r.get("constraint") is not None):
+        sts = [r["constraint"]["status"] for r in rows if r["arm"] == arm and r.get("constraint") is not None]
+        counts = [(s, sts.count(s)) for s in STATUSES if sts.count(s)]
+        parts = [f"{s} in {k}" + (f" of {len(sts)} runs" if i == 0 else "") for i, (s, k) in enumerate(counts)]
+        lines.append(f"- {arm}: " + ", ".join(parts))
+    return lines or ["- (no margin-active runs)"]
 
 
 def render_efficiency(eff: dict, n_boot: int) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopd.analysis import audits, dynamics, figures, plotdata, tables
+from lopd.analysis import audits, dynamics, figures, plotdata, search_report, tables
 from lopd.analysis.calibration import claim_rates, scenarios
 from lopd.analysis.falsification import Rule, analyse, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
@@ -30,7 +30,8 @@ from lopd.errors import BadInput
 from lopd.utils import clean_json, write_json
 
 REPORT_DIR = "reports"
-OPTIONAL_FILES = ("hpo/trials.csv", "hpo/best_params.yaml", "results/sensitivity/grid.csv", "dvc.yaml",
+OPTIONAL_FILES = ("hpo/trials.csv", "hpo/best_params.yaml", "hpo/selection.json", "hpo/baselines.yaml",
+                  "results/sensitivity/grid.csv", "dvc.yaml",
                   "data/splits/manifest.json")
 INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, design check, tests, verdict"),
          ("main_table.md", "test reward per domain and mean, mean ± t 95% CI over seeds (markdown)"),
@@ -39,7 +40,9 @@ INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, desig
          ("seed_variance.md", "seed spread, evaluation-noise share, power and seeds needed for the rule's tests"),
          ("margin_dynamics.md", "per-run flags: β unbounded, infeasible margin, Δ never reaching m"),
          ("efficiency.md", "rollouts lopd needs to reach GRPO's final validation reward / GRPO's rollouts"),
-         ("leakage_audit.md", "which stage depends on / read which split; split SHA-256"),
+         ("leakage_audit.md", "which stage depends on / read which split; split SHA-256; content overlap"),
+         ("search.md", "every search trial's val reward with its CI, best vs runner-up, ties, boundary, tie rule; "
+                       "what each arm was tuned on"),
          ("metrics/", "headline metrics for `dvc metrics show` (one file per row)"),
          ("plots/*.csv", "plot data for `dvc plots` (learning curves, margin dynamics, efficiency, sensitivity)"),
          ("figures/*.png", "the same plots as PNG, drawn from plots/*.csv"),
@@ -116,6 +119,11 @@ def build_report(params, root: Path = Path(".")) -> dict:
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
     write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal)))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
+    search = search_report.load_search(root)
+    write_text(out / "search.md", search_report.render_search(search, runs))
+    if search is not None:
+        write_json(out / "metrics" / "search" / "selected.json", search_report.search_metrics(search))
+        metric_rows.append("search/selected")
 
     plot_rows = plotdata.write_plot_data(out, root, runs)
     mdyn = dynamics.margin_dynamics(runs)

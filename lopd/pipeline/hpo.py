@@ -1,4 +1,5 @@
-"""Stage ``hpo``: Optuna TPE over m, K, n_ret on the VALIDATION split only (resumable journal)."""
+"""Stage ``hpo``: Optuna TPE over m, K, n_ret and the student learning rate on the VALIDATION split only
+(resumable journal), then the learning baselines' learning rates from the same grid."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from lopd.pipeline.common import load_resources, splits_read, write_side
 
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
-    from lopd.search.hpo import dep_files, interrupted_trials, run_search, write_outputs, write_result
+    from lopd.search.hpo import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
+                                 write_result)
     from lopd.tracking import Tracker
 
     res = load_resources(params, paths, role="hpo")
@@ -29,11 +31,20 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
     if worker:
         tracker.end()
         return {}
-    sel = write_outputs(study, paths.hpo)
+    sel = write_outputs(study, paths.hpo, params)
     tracker.log_params({f"best_{k}": v for k, v in sel.items()})
+    try:
+        baselines = tune_baselines(params, res, sel, paths.hpo, parent_tracker=tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.log_params({f"lr_{arm}": b["lr_student"] for arm, b in baselines.items()})
     tracker.end()
     write_result(paths.hpo, sel, study, splits_read())
     write_side(paths, "hpo", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
                               "tracking": tracker.status, "interrupted_trials": interrupted_trials(study)})
-    print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} (val reward {sel['value']:.3f})")
+    print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} lr={sel['lr_student']} "
+          f"(val reward {sel['value']:.3f}; {sel['tie_count']} trial(s) tied with the best, rule {sel['tie_rule']})")
+    for arm, b in baselines.items():
+        print(f"  {arm}: lr_student {b['lr_student']} (val reward {b['value']:.3f})")
     return sel

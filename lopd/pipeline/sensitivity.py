@@ -11,12 +11,14 @@ from lopd.paths import Paths
 from lopd.pipeline.common import load_resources, splits_read
 from lopd.utils import write_csv, write_json
 
-GRID_COLUMNS = ["axis", "margin", "K", "n_ret", "seed", "val_reward"]
+GRID_COLUMNS = ["axis", "margin", "K", "n_ret", "lr_student", "seed", "val_reward"]
 
 
 def grid_points(sel: dict, sp) -> list[tuple[str, dict]]:
     """Each axis varied alone, the others held at the selected point."""
     base = {"margin": sel["margin"], "K": sel["K"], "n_ret": sel["n_ret"]}
+    if "lr_student" in sel:
+        base["lr_student"] = sel["lr_student"]
     axes = [("margin", m) for m in sp.margins] + [("K", k) for k in sp.ks] + [("n_ret", n) for n in sp.n_rets]
     return [(axis, {**base, axis: v}) for axis, v in axes]
 
@@ -36,7 +38,8 @@ def run(params: Params, paths: Paths) -> dict:
             try:
                 r, _ = run_arm(params, res, "lopd", 2000 + seed, tmp, ckpt_dir=None,
                                tags={"stage": "sensitivity", "axis": axis, "split": "val"},
-                               hp_over={**point, "steps": sp.steps, "val_every": sp.steps})
+                               hp_over={**point, "steps": sp.steps or params.train.steps,
+                                        "val_every": sp.steps or params.train.steps})
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             rows.append({"axis": axis, **point, "seed": seed, "val_reward": r["val_reward"]})

@@ -1,11 +1,16 @@
 """Validation-only search over the margin ``m``, latent tokens per experience ``K`` and
 retrieved experiences ``n_ret``.
 
-Objective: the LOPD student's mean reward on the **validation** split after
-``hpo.steps`` training steps, averaged over ``hpo.seeds_per_trial`` seeds (default 1: on
-the CPU profile a second seed per trial would halve the number of trials the 30-minute
-budget allows, and the final runs re-measure the selected point over every seed anyway).
-Intermediate validation rewards are reported to Optuna's median pruner.
+Objective: the LOPD student's mean reward on the **validation** split at the final runs' horizon
+(``hpo.steps``, null = ``train.steps``), averaged over ``hpo.seeds_per_trial`` seeds, every val task
+sampled ``train.val_samples_per_task`` times with the same sampling seeds in every trial (common
+random numbers). Each trial keeps its per-task rewards (user attribute ``val_per_task``), so the
+selection (:mod:`lopd.search.selection`) compares trials paired by task and applies the tie rule
+registered in ``hpo.tie_rule``. Intermediate validation rewards feed Optuna's median pruner.
+
+The learning baselines (``hpo.baseline_arms``) are tuned like the method: each gets its student
+learning rate from ``hpo.lr_choices`` (the grid LOPD's is searched over) on the validation split,
+with the selected K and n_ret where the arm reads them (:func:`tune_baselines`).
 
 Storage: an Optuna Journal file (``hpo/journal.log``, beside the stage's outputs but not one of
 them: it holds timestamps and worker ids, and every DVC output must be a deterministic function of
@@ -25,9 +30,23 @@ from pathlib import Path
 
 import yaml
 
-from lopd.utils import write_csv, write_json
+from lopd.utils import atomic_write_text, write_csv, write_json
 
-TRIAL_COLUMNS = ["number", "state", "value", "margin", "K", "n_ret"]
+TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "tied_with_best", "margin", "K", "n_ret",
+                 "lr_student"]
+BASELINE_COLUMNS = ["arm", "lr_student", "seed", "val_reward"]
+
+
+def horizon(params) -> int:
+    """Training steps of a search trial: ``hpo.steps``, or the final runs' ``train.steps`` when null."""
+    return params.hpo.steps or params.train.steps
+
+
+def space(params) -> dict:
+    """Every searched coordinate and its choices (the boundary check reads this)."""
+    hp = params.hpo
+    return {"margin": list(hp.margin_choices), "K": list(hp.k_choices),
+            "n_ret": list(range(hp.n_ret_min, hp.n_ret_max + 1)), "lr_student": list(hp.lr_choices)}
 
 
 def make_storage(url_or_path: str):
@@ -67,8 +86,8 @@ def study_name(params, dep_files: list[Path]) -> str:
 def _space_hash(params) -> str:
     import hashlib
 
-    d = params.hpo.model_dump()
-    d.pop("n_trials")
+    d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "tie_rule", "tie_alpha"})  # none changes a trial
+    d["steps"] = horizon(params)
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
 
@@ -119,32 +138,67 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
 def _objective(trial, params, res, parent_tracker) -> float:
     import optuna
 
-    from lopd.training.run import run_arm
-
     hp = params.hpo
-    margin = trial.suggest_categorical("margin", list(hp.margin_choices))
-    K = trial.suggest_categorical("K", list(hp.k_choices))
-    n_ret = trial.suggest_int("n_ret", hp.n_ret_min, hp.n_ret_max)
-    vals = []
+    point = {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
+             "K": trial.suggest_categorical("K", list(hp.k_choices)),
+             "n_ret": trial.suggest_int("n_ret", hp.n_ret_min, hp.n_ret_max),
+             "lr_student": trial.suggest_categorical("lr_student", list(hp.lr_choices))}
+    steps = horizon(params)
+    vals, per_task = [], []
     for s in range(hp.seeds_per_trial):
-        offset = s * hp.steps
-
-        def on_val(step, v, _off=offset):
+        def on_val(step, v, _off=s * steps):
             trial.report(v, _off + step)
             if trial.should_prune():
                 raise optuna.TrialPruned()
 
-        tmp = Path(tempfile.mkdtemp(prefix=f"trial{trial.number}-"))
-        try:
-            r, _ = run_arm(params, res, "lopd", 1000 + s, tmp, ckpt_dir=None,
-                           tags={"stage": "hpo", "trial": trial.number, "split": "val"},
-                           hp_over={"margin": margin, "K": K, "n_ret": n_ret, "steps": hp.steps,
-                                    "val_every": hp.val_every},
-                           on_val=on_val, parent_run_id=parent_tracker.run_id if parent_tracker else None)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        r = _val_run(params, res, "lopd", 1000 + s, {**point, "steps": steps, "val_every": hp.val_every},
+                     {"stage": "hpo", "trial": trial.number, "split": "val"}, parent_tracker, on_val)
         vals.append(r["val_reward"])
+        per_task.append(r["val_per_task"])
+    trial.set_user_attr("val_per_task", [sum(x) / len(x) for x in zip(*per_task)])
     return sum(vals) / len(vals)
+
+
+def _val_run(params, res, arm: str, seed: int, hp_over: dict, tags: dict, parent_tracker, on_val=None) -> dict:
+    """One validation-only training run in a scratch directory; its result (val reward, per-task rewards)."""
+    from lopd.training.run import run_arm
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"{arm}-val-"))
+    try:
+        r, _ = run_arm(params, res, arm, seed, tmp, ckpt_dir=None, tags=tags, hp_over=hp_over, on_val=on_val,
+                       parent_run_id=parent_tracker.run_id if parent_tracker else None)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return r
+
+
+def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -> dict:
+    """Each arm of ``hpo.baseline_arms`` trained at every learning rate of ``hpo.lr_choices`` (same horizon
+    and seeds as a search trial, validation only; K and n_ret of the selected point where the arm reads
+    them). Selected: the highest mean val reward, the smaller rate among equal ones. Writes
+    ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> lr_student, value, values by rate)."""
+    from lopd.arms import get_arm
+
+    hp, steps = params.hpo, horizon(params)
+    rows, chosen = [], {}
+    for arm in hp.baseline_arms:
+        fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
+        means = {}
+        for lr in hp.lr_choices:
+            vals = []
+            for s in range(hp.seeds_per_trial):
+                r = _val_run(params, res, arm, 1000 + s, {**fixed, "lr_student": lr, "steps": steps,
+                                                           "val_every": hp.val_every},
+                             {"stage": "hpo-baselines", "split": "val", "lr_student": lr}, parent_tracker)
+                vals.append(r["val_reward"])
+                rows.append({"arm": arm, "lr_student": lr, "seed": 1000 + s, "val_reward": r["val_reward"]})
+            means[lr] = sum(vals) / len(vals)
+        best = max(sorted(means), key=lambda lr: means[lr])  # sorted: the smaller rate wins an exact tie
+        chosen[arm] = {"lr_student": float(best), "value": float(means[best]), "selected_on": "val",
+                       "values": {str(lr): float(v) for lr, v in sorted(means.items())}}
+    write_csv(out_dir / "baselines.csv", rows, BASELINE_COLUMNS)
+    atomic_write_text(out_dir / "baselines.yaml", yaml.safe_dump(chosen, sort_keys=True))
+    return chosen
 
 
 def finished_trials(study) -> list:
@@ -158,24 +212,32 @@ def finished_trials(study) -> list:
                   key=lambda t: t.number)
 
 
-def write_outputs(study, out_dir: Path) -> dict:
-    from optuna.trial import TrialState
+def write_outputs(study, out_dir: Path, params) -> dict:
+    """``trials.csv`` (every finished trial with its val CI and whether it ties with the best),
+    ``selection.json`` (:func:`lopd.search.selection.select`) and ``best_params.yaml`` (the point the
+    registered tie rule selects, its tie count and the rule)."""
+    from lopd.errors import RunFailed
+    from lopd.search.selection import TrialScore, select
 
     done = finished_trials(study)
-    rows = [{"number": i, "state": t.state.name, "value": t.value, **t.params} for i, t in enumerate(done)]
+    scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))
+              for i, t in enumerate(done)]
+    try:
+        sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space(params))
+    except ValueError as e:
+        raise RunFailed(f"the search finished no trial: nothing to select ({e})") from None
+    tied, ci = set(sel["tied"]), sel["intervals"]
+    rows = [{"number": t.number, "state": t.state, "value": t.value, "ci_low": (ci.get(str(t.number)) or {}).get("low"),
+             "ci_high": (ci.get(str(t.number)) or {}).get("high"), "tied_with_best": t.number in tied, **t.point}
+            for t in scores]
     write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
-    complete = [(i, t) for i, t in enumerate(done) if t.state == TrialState.COMPLETE]
-    if not complete:
-        from lopd.errors import RunFailed
-
-        raise RunFailed("the search finished no trial: nothing to select")
-    i, best = max(complete, key=lambda it: (it[1].value, -it[0]))
-    sel = {"margin": float(best.params["margin"]), "K": int(best.params["K"]), "n_ret": int(best.params["n_ret"]),
-           "value": float(best.value), "trial": i, "selected_on": "val"}
-    tmp = out_dir / "best_params.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(sel, sort_keys=True))
-    tmp.replace(out_dir / "best_params.yaml")
-    return sel
+    write_json(out_dir / "selection.json", sel)
+    p = sel["point"]
+    best = {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
+            "lr_student": float(p.get("lr_student", params.train.lr_student)), "value": float(sel["value"]),
+            "trial": sel["selected"], "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "selected_on": "val"}
+    atomic_write_text(out_dir / "best_params.yaml", yaml.safe_dump(best, sort_keys=True))
+    return best
 
 
 def interrupted_trials(study) -> int:

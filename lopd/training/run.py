@@ -17,15 +17,25 @@ from lopd.utils import write_json
 
 
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
-    """m, K, n_ret chosen by the validation search (for arms that use them)."""
+    """What the validation search chose for ``arm``: m, K, n_ret and the student learning rate for the
+    arms that use the selected point (``best_params.yaml``); an arm tuned as a baseline
+    (``baselines.yaml`` beside it lists it) takes its own learning rate from there."""
     import yaml
 
-    if not (arm.use_selected and params.train.use_best_params):
+    if not params.train.use_best_params:
         return {}
-    if not best_params_file.exists():
-        raise BadInput(f"{best_params_file} not found: run the hpo stage first, or set train.use_best_params: false")
-    best = yaml.safe_load(best_params_file.read_text()) or {}
-    return {k: best[k] for k in ("margin", "K", "n_ret") if k in best}
+    out: dict = {}
+    if arm.use_selected:
+        if not best_params_file.exists():
+            raise BadInput(f"{best_params_file} not found: run the hpo stage first, or set train.use_best_params: false")
+        best = yaml.safe_load(best_params_file.read_text()) or {}
+        out = {k: best[k] for k in ("margin", "K", "n_ret", "lr_student") if k in best}
+    tuned = best_params_file.with_name("baselines.yaml")
+    if tuned.exists():
+        own = (yaml.safe_load(tuned.read_text()) or {}).get(arm.name)
+        if own:
+            out["lr_student"] = own["lr_student"]
+    return out
 
 
 def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, parent_run_id, is_main):
@@ -113,7 +123,8 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
               "val_reward": final, "final_train_reward": next((r["reward"] for r in reversed(trainer.history)
                                                                if r.get("reward") is not None), None),
               "steps": trainer.step, "rollouts_used": trainer.rollouts_used, "beta_final": trainer.beta,
-              "infeasible_margin": trainer.infeasible, "params_hash": params_hash}
+              "infeasible_margin": trainer.infeasible, "params_hash": params_hash,
+              "val_per_task": trainer.last_val_per_task if final_val else []}
     meta = {"mlflow_run_id": tracker.run_id, "tracking": "ok" if tracker.ok else f"failed: {tracker.error}",
             "seconds": round(time.time() - t0, 1), "resumed_from_step": info["resumed_from_step"],
             "resumed_from_run": stale}

@@ -73,6 +73,7 @@ class HParams:
     temperature: float
     val_every: int
     val_tasks: int
+    val_samples_per_task: int
     checkpoint_every: int
     beta_max: float
     infeasible_patience: int
@@ -224,6 +225,7 @@ class Trainer:
         self.infeasible_streak = 0
         self.infeasible = False
         self.last_val: float | None = None
+        self.last_val_per_task: list[float] = []  # per val task: mean reward over its samples (last validate)
 
     @staticmethod
     def _check(res: Resources, arm: ArmSpec, hp: HParams) -> None:
@@ -337,9 +339,12 @@ class Trainer:
         tasks = tasks if tasks is not None else stratified(self.res.val_tasks, self.hp.val_tasks)
         ev = self.res.params.evaluate
         self.bb.mode("student")
+        # the same sampling seeds for every run of one seed (common random numbers across search trials)
         res = evaluate_policy(self.bb.model, self.bb.fmt, self.res.envs, tasks, max_new_tokens=self.hp.max_new_tokens,
                               max_len=self.hp.max_len, batch_size=ev.batch_size, greedy=ev.greedy,
-                              temperature=ev.temperature, seed=10_000 + self.seed)
+                              temperature=ev.temperature, seed=10_000 + self.seed,
+                              samples_per_task=self.hp.val_samples_per_task)
+        self.last_val_per_task = [float(r["reward"]) for r in res["per_task"]]
         self.bb.model.train()
         return res["mean"] if tasks is not None and len(tasks) else float("nan")
 

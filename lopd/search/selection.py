@@ -1,0 +1,112 @@
+"""Which search trial is selected, and what the search can tell apart: pure functions over trials.
+
+A trial's value is its mean validation reward; with common random numbers every trial is scored on
+the same val tasks with the same sampling seeds, so two trials are compared **paired by task**: the
+difference of their per-task rewards (each task's mean over samples and the trial's seeds), a
+t-interval over tasks. A trial is *tied with the best* when that paired interval at ``alpha``
+contains 0 (the two-sided paired t-test does not reject).
+
+The tie rule is registered in ``params.yaml`` (``hpo.tie_rule``) before the search runs:
+
+- ``best``: the highest value (lowest trial number among equal values);
+- ``median_margin``: among the tied set, the trial whose margin is the (lower) median of the tied
+  margins, the highest value among trials with that margin, then the lowest trial number;
+- ``smallest_margin``: among the tied set, the smallest margin (then value, then number).
+
+The selection also says whether each coordinate of the selected point lies on the boundary of the
+search space (its smallest or largest choice): an optimum on the boundary may lie outside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lopd.analysis.stats import paired_t, summarize
+
+TIE_RULES = ("best", "median_margin", "smallest_margin")
+
+
+@dataclass(frozen=True)
+class TrialScore:
+    """One finished trial: its number (position among finished trials), state, point and per-task rewards."""
+
+    number: int
+    state: str  # COMPLETE or PRUNED (a pruned trial is never selected)
+    point: dict
+    value: float | None
+    per_task: tuple[float, ...] = field(default=())
+
+
+def t_interval(x, alpha: float) -> tuple[float, float, float]:
+    """(mean, low, high): the two-sided ``1 - alpha`` t-interval of the mean of ``x`` over tasks
+    (:func:`lopd.analysis.stats.summarize`; zero width when ``x`` has no spread or one element)."""
+    s = summarize(np.asarray(x, dtype=float), confidence=1 - alpha)
+    if s["n"] < 2:
+        return s["mean"], s["mean"], s["mean"]
+    return s["mean"], s["ci_low"], s["ci_high"]
+
+
+def paired(a: TrialScore, b: TrialScore, alpha: float) -> dict:
+    """``a − b`` paired over tasks (:func:`lopd.analysis.stats.paired_t`): mean difference, its
+    two-sided t-interval and p; ``tied`` if the interval holds 0."""
+    if len(a.per_task) != len(b.per_task) or not a.per_task:
+        raise ValueError(f"trials {a.number} and {b.number} were not scored on the same val tasks "
+                         f"({len(a.per_task)} vs {len(b.per_task)} per-task rewards)")
+    r = paired_t(np.asarray(a.per_task, float), np.asarray(b.per_task, float), confidence=1 - alpha)
+    lo, hi = float(r["ci_low"]), float(r["ci_high"])
+    return {"diff": float(r["diff"]), "low": lo, "high": hi, "p": float(r["p"]), "tied": bool(lo <= 0.0 <= hi)}
+
+
+def boundary(point: dict, space: dict) -> dict:
+    """Per coordinate of ``point``: ``"low"``/``"high"`` if it is the smallest/largest choice of
+    ``space[name]`` (a list of choices), else None. A one-choice coordinate is not on a boundary."""
+    out = {}
+    for name, choices in space.items():
+        v = point.get(name)
+        if v is None or len(set(choices)) < 2:
+            out[name] = None
+        elif v == min(choices):
+            out[name] = "low"
+        elif v == max(choices):
+            out[name] = "high"
+        else:
+            out[name] = None
+    return out
+
+
+def _pick(tied: list[TrialScore], rule: str) -> TrialScore:
+    by_value = sorted(tied, key=lambda t: (-t.value, t.number))
+    if rule == "best":
+        return by_value[0]
+    margins = sorted(t.point["margin"] for t in tied)
+    target = margins[(len(margins) - 1) // 2] if rule == "median_margin" else margins[0]
+    return next(t for t in by_value if t.point["margin"] == target)
+
+
+def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> dict:
+    """The selected trial under ``rule`` with everything the search report states (see the module doc).
+
+    Raises ValueError when no trial is COMPLETE or the rule is unknown."""
+    if rule not in TIE_RULES:
+        raise ValueError(f"unknown tie rule {rule!r}; known: {', '.join(TIE_RULES)}")
+    complete = [t for t in trials if t.state == "COMPLETE" and t.value is not None]
+    if not complete:
+        raise ValueError("the search finished no COMPLETE trial: nothing to select")
+    ranked = sorted(complete, key=lambda t: (-t.value, t.number))
+    best = ranked[0]
+    vs_best = {t.number: paired(best, t, alpha) for t in ranked[1:]}
+    tied = [best] + [t for t in ranked[1:] if vs_best[t.number]["tied"]]
+    chosen = _pick(tied, rule)
+    runner = ranked[1] if len(ranked) > 1 else None
+    return {
+        "rule": rule, "alpha": alpha, "best": best.number, "selected": chosen.number, "point": dict(chosen.point),
+        "value": chosen.value, "tied": sorted(t.number for t in tied), "tie_count": len(tied),
+        "runner_up": None if runner is None else {"number": runner.number, **vs_best[runner.number]},
+        "distinguishable": runner is not None and not vs_best[runner.number]["tied"],
+        "by_rule": chosen.number != best.number, "boundary": boundary(chosen.point, space),
+        "vs_best": {str(k): v for k, v in sorted(vs_best.items())},
+        "intervals": {str(t.number): dict(zip(("mean", "low", "high"), t_interval(np.asarray(t.per_task), alpha)))
+                      for t in complete if t.per_task},
+    }

@@ -1,0 +1,146 @@
+"""The search's selection (lopd.search.selection, lopd.search.hpo.write_outputs) and its report
+(lopd.analysis.search_report): ties paired over val tasks, the registered tie rule, PRUNED trials,
+the boundary flag, and baseline learning rates tuned on validation only."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import optuna
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from lopd.analysis.search_report import render_search, search_metrics
+from lopd.errors import RunFailed
+from lopd.search.hpo import write_outputs
+from lopd.search.selection import TrialScore, paired, select
+from tests.conftest import default_params
+
+SPACE = {"margin": [0.0, 0.05, 0.2, 0.5], "K": [4, 8], "n_ret": [1, 2, 3], "lr_student": [0.001, 0.002]}
+C, P = "COMPLETE", "PRUNED"
+
+
+def _t(n, state, margin, per_task, K=8, n_ret=2, lr=0.002):
+    value = sum(per_task) / len(per_task)
+    return TrialScore(n, state, {"margin": margin, "K": K, "n_ret": n_ret, "lr_student": lr}, value, tuple(per_task))
+
+
+def test_paired_difference_by_hand():
+    """Per-task differences (1, 0, 1, 0): mean 0.5, sd 0.57735, t_{0.975,3} = 3.18245, half-width
+    3.182446 · 0.57735 / 2 = 0.918693: interval [-0.4187, 1.4187] holds 0, so the two are tied."""
+    a, b = _t(0, C, 0.0, [1, 1, 1, 1]), _t(1, C, 0.05, [0, 1, 0, 1])
+    r = paired(a, b, 0.05)
+    assert r["diff"] == pytest.approx(0.5)
+    assert r["low"] == pytest.approx(0.5 - 0.918693, abs=1e-5) and r["high"] == pytest.approx(0.5 + 0.918693, abs=1e-5)
+    assert r["tied"]
+    with pytest.raises(ValueError, match="not scored on the same val tasks"):
+        paired(a, _t(2, C, 0.0, [1, 1]), 0.05)
+
+
+def test_all_trials_tie_and_the_registered_rule_chooses_the_median_margin():
+    """Four trials with identical per-task rewards (what an unchanged policy scores under common random
+    numbers): every one is tied with the best, nothing is distinguishable, and median_margin takes the
+    lower median of the tied margins {0, 0.05, 0.2, 0.5} = 0.05 (trial 2), not the tie-break's trial 0."""
+    same = [1, 0, 0, 1, 0, 1]
+    trials = [_t(0, C, 0.0, same), _t(1, C, 0.2, same), _t(2, C, 0.05, same), _t(3, C, 0.5, same)]
+    sel = select(trials, "median_margin", 0.05, SPACE)
+    assert sel["tie_count"] == 4 and sel["tied"] == [0, 1, 2, 3]
+    assert sel["best"] == 0 and sel["selected"] == 2 and sel["by_rule"] and not sel["distinguishable"]
+    assert select(trials, "smallest_margin", 0.05, SPACE)["selected"] == 0
+    assert select(trials, "best", 0.05, SPACE)["selected"] == 0
+
+
+def test_a_distinguishable_best_is_selected_and_pruned_trials_never_are():
+    """Trial 1 beats trial 0 on every task by 0.5 (zero spread: the interval is the point 0.5, not
+    tied); trial 2 is PRUNED with a higher value and is ignored."""
+    trials = [_t(0, C, 0.05, [0.0, 0.5, 0.0, 0.5]), _t(1, C, 0.2, [0.5, 1.0, 0.5, 1.0]), _t(2, P, 0.0, [1, 1, 1, 1])]
+    sel = select(trials, "median_margin", 0.05, SPACE)
+    assert sel["selected"] == sel["best"] == 1 and sel["tie_count"] == 1 and sel["distinguishable"]
+    assert sel["runner_up"]["number"] == 0 and sel["runner_up"]["diff"] == pytest.approx(0.5)
+    assert "2" not in sel["intervals"] and not sel["by_rule"]
+    with pytest.raises(ValueError, match="no COMPLETE trial"):
+        select([_t(0, P, 0.0, [1.0])], "best", 0.05, SPACE)
+    with pytest.raises(ValueError, match="unknown tie rule"):
+        select(trials, "coin", 0.05, SPACE)
+
+
+def test_a_boundary_optimum_is_flagged():
+    trials = [_t(0, C, 0.5, [1, 1, 1, 0], K=4, n_ret=2, lr=0.002), _t(1, C, 0.05, [0, 0, 0, 0], K=8, n_ret=2)]
+    sel = select(trials, "best", 0.05, SPACE)
+    assert sel["boundary"] == {"margin": "high", "K": "low", "n_ret": None, "lr_student": "high"}
+    md = render_search({"selection": sel, "trials": [], "baselines": {}}, {})
+    assert "**On the boundary of the search space:** margin = 0.5 is the highest choice" in md
+    assert search_metrics({"selection": sel})["on_boundary"] == ["K", "lr_student", "margin"]
+
+
+DISTS = {"margin": CategoricalDistribution([0.0, 0.05, 0.2, 0.5]), "K": CategoricalDistribution([4, 8]),
+         "n_ret": IntDistribution(1, 3), "lr_student": CategoricalDistribution([0.001, 0.002])}
+
+
+def _study(*trials) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for state, margin, per_task in trials:
+        v = sum(per_task) / len(per_task)
+        kw = {"value": v} if state == TrialState.COMPLETE else {"intermediate_values": {1: v}}
+        study.add_trial(create_trial(state=state, params={"margin": margin, "K": 8, "n_ret": 2, "lr_student": 0.002},
+                                     distributions=DISTS, user_attrs={"val_per_task": per_task}, **kw))
+    return study
+
+
+def _params(rule: str):
+    return default_params({"hpo": {"margin_choices": SPACE["margin"], "k_choices": [4, 8], "n_ret_min": 1,
+                                   "n_ret_max": 3, "lr_choices": [0.001, 0.002], "tie_rule": rule}})
+
+
+def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path):
+    same = [1.0, 0.0, 0.5, 0.5]
+    study = _study((TrialState.COMPLETE, 0.0, same), (TrialState.PRUNED, 0.5, [1.0] * 4),
+                   (TrialState.COMPLETE, 0.2, same), (TrialState.COMPLETE, 0.05, same))
+    best = write_outputs(study, tmp_path, _params("median_margin"))
+    assert best == {"margin": 0.05, "K": 8, "n_ret": 2, "lr_student": 0.002, "value": 0.5, "trial": 3,
+                    "tie_count": 3, "tie_rule": "median_margin", "selected_on": "val"}
+    assert yaml.safe_load((tmp_path / "best_params.yaml").read_text()) == best
+    with open(tmp_path / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["state"] for r in rows] == ["COMPLETE", "PRUNED", "COMPLETE", "COMPLETE"]
+    assert [r["tied_with_best"] for r in rows] == ["True", "False", "True", "True"]
+    # per-task rewards (1, 0, .5, .5): mean .5, sd .40825, half-width 3.18245 · .40825 / 2 = .64962
+    assert float(rows[0]["ci_low"]) == pytest.approx(0.5 - 0.64962, abs=1e-4) and rows[1]["ci_low"] == ""
+    import json
+
+    md = render_search({"selection": json.loads((tmp_path / "selection.json").read_text()), "trials": rows,
+                        "baselines": {}}, {})
+    assert "**The best trial is not distinguishable from the runner-up**" in md and "3 trial(s) are" in md
+    assert "Every completed trial scored exactly the same validation reward" in md
+    assert "`hpo.tie_rule: median_margin`" in md
+    with pytest.raises(RunFailed, match="finished no trial"):
+        write_outputs(_study((TrialState.PRUNED, 0.0, same)), tmp_path, _params("best"))
+
+
+def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_runs(workspace, tmp_path):
+    """tune_baselines trains sft at each rate on the hpo role's resources (the split guard: no test read),
+    writes baselines.yaml, and the final run of sft takes its learning rate from there."""
+    from lopd import data as data_mod
+    from lopd.arms import get_arm
+    from lopd.pipeline.common import load_resources
+    from lopd.search.hpo import tune_baselines
+    from lopd.training.run import selected_hparams
+
+    p = workspace.params(hpo={"baseline_arms": ["sft"], "lr_choices": [0.001, 0.004], "steps": 1, "val_every": 1,
+                              "seeds_per_trial": 1}, train={"val_tasks": 4, "use_best_params": True})
+    res = load_resources(p, workspace.paths, role="hpo")
+    start = len(data_mod.ACCESS_LOG)
+    out = tune_baselines(p, res, {"margin": 0.05, "K": 4, "n_ret": 1}, tmp_path)
+    assert set(out) == {"sft"} and out["sft"]["lr_student"] in (0.001, 0.004)
+    assert set(out["sft"]["values"]) == {"0.001", "0.004"}
+    assert out["sft"]["value"] == max(out["sft"]["values"].values())
+    assert all(math.isfinite(v) for v in out["sft"]["values"].values())
+    assert all(r["split"] != "test" and r["role"] == "hpo" for r in data_mod.ACCESS_LOG[start:])
+    (tmp_path / "best_params.yaml").write_text(yaml.safe_dump({"margin": 0.1, "K": 4, "n_ret": 1, "lr_student": 0.003}))
+    assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("sft")) == {"lr_student": out["sft"]["lr_student"]}
+    assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("lopd")) == {
+        "margin": 0.1, "K": 4, "n_ret": 1, "lr_student": 0.003}
