@@ -94,8 +94,10 @@ TRAINER = textwrap.dedent(
     from lopd.config import parse_params
     from lopd.paths import Paths
     from lopd.pipeline.common import load_resources
+    import torch
+
     from lopd.training.run import run_arm
-    from lopd.training.distributed import World, broadcast_trainer, params_digest
+    from lopd.training.distributed import World, params_digest
     from lopd.training.trainer import Trainer
 
     root, params_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -111,15 +113,25 @@ TRAINER = textwrap.dedent(
         sampled.append([t.task_id for t in tasks])
         return tasks
 
-    def init(self, *a, **kw):  # what run_arm does once it calls broadcast_trainer itself
+    def adapters(tr):
+        return (list(tr.bb.adapter_params("student")) + list(tr.composer.block.parameters())
+                + list(tr.bb.adapter_params("composer")))
+
+    def init(self, *a, **kw):
+        # a different θ and φ per rank right after the Trainer is built: only the broadcast that
+        # run_arm itself does next (lopd.training.run._fit) can make the ranks agree again
         _init(self, *a, **kw)
-        broadcast_trainer(self.world, self)
+        torch.manual_seed(100 + world.rank)
+        with torch.no_grad():
+            for q in adapters(self):
+                q.add_(torch.randn_like(q) * 0.05)
+        init.digest = params_digest(adapters(self))
         init.trainer = self
 
     Trainer.sample_tasks, Trainer.__init__ = sample_tasks, init
     r, _ = run_arm(params, res, "lopd", 0, out / "run", ckpt_dir=None, world=world, final_val=False)
     tr = init.trainer
-    rec = {"rank": world.rank, "world_size": world.world_size, "beta": tr.beta, "steps": tr.step,
+    rec = {"rank": world.rank, "world_size": world.world_size, "beta": tr.beta, "steps": tr.step, "init": init.digest,
            "student": params_digest(res.bb.adapter_params("student")),
            "composer": params_digest(tr.composer.phi_params()), "sampled": sampled,
            "losses": [h.get("loss") for h in tr.history if h.get("loss") is not None],
@@ -151,13 +163,45 @@ def _torchrun(script: Path, args: list[str], tmp_path: Path, timeout: int = 120)
 
 
 def test_world_single_process_is_none(monkeypatch):
+    """No WORLD_SIZE, or 1: no process group; broadcast_trainer then does not even look at the trainer."""
     from lopd.training.distributed import World, broadcast_trainer
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert World.from_env() is None
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert World.from_env() is None
-    broadcast_trainer(None, object())  # no-op
+    touched = []
+
+    class Untouchable:
+        def __getattribute__(self, name):
+            touched.append(name)
+            raise AssertionError(f"broadcast_trainer(None, ...) read trainer.{name}")
+
+    broadcast_trainer(None, Untouchable())
+    assert touched == []
+
+
+def test_broadcast_trainer_sends_theta_and_all_of_phi():
+    """What one broadcast covers, in order: the student θ, then the composer's query block
+    (frozen parameters included, so a frozen composer is identical too) and its LoRA; only θ
+    when the arm has no composer. One collective call each time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lopd.training.distributed import broadcast_trainer
+
+    theta, phi_lora = [torch.zeros(2), torch.zeros(1)], [torch.zeros(3)]
+    block = torch.nn.Linear(2, 2)
+    block.bias.requires_grad_(False)
+    bb = SimpleNamespace(adapter_params=lambda role: iter({"student": theta, "composer": phi_lora}[role]))
+    sent = []
+    world = SimpleNamespace(broadcast_params=lambda params: sent.append([id(q) for q in params]))
+    broadcast_trainer(world, SimpleNamespace(bb=bb, composer=SimpleNamespace(block=block)))
+    assert sent == [[id(theta[0]), id(theta[1]), id(block.weight), id(block.bias), id(phi_lora[0])]]
+    sent.clear()
+    broadcast_trainer(world, SimpleNamespace(bb=bb, composer=None))
+    assert sent == [[id(theta[0]), id(theta[1])]]
 
 
 def test_two_ranks_stay_identical_only_with_all_reduce(tmp_path):
@@ -187,6 +231,7 @@ def test_trainer_two_ranks_identical_adapters_and_beta(workspace, tmp_path):
     script.write_text(TRAINER)
     r0, r1 = _torchrun(script, [str(workspace.root), str(pp), str(tmp_path)], tmp_path)
     assert r0["world_size"] == r1["world_size"] == 2
+    assert r0["init"] != r1["init"], "ranks were meant to build different adapters"
     assert r0["steps"] == r1["steps"] == 2
     assert r0["student"] == r1["student"], "student LoRA differs across ranks"
     assert r0["composer"] == r1["composer"], "composer φ differs across ranks"

@@ -73,11 +73,11 @@ def test_token_logprobs_hand_value_and_float32():
 
 
 def test_token_logprobs_bad_shapes():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"targets must have shape \(N, T\) = \(1, 2\), got \(1, 3\)"):
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"logits must have shape \(N, T, V\), got \(2, 3\)"):
         token_logprobs(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="targets must be an integer tensor"):
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2))  # float targets
 
 
@@ -234,13 +234,14 @@ def test_reverse_kl_validation():
     s, t = logp(PS3), logp(PT3)
     with pytest.raises(ValueError, match="support"):
         reverse_kl_topm_tail(s, t, ONE, support="both")
-    with pytest.raises(ValueError):
+    # each with our own message: torch raises its own errors on mismatched shapes further down
+    with pytest.raises(ValueError, match=r"must have the same \(N, T, V\) shape, got \(1, 1, 3\) and \(1, 1, 4\)"):
         reverse_kl_topm_tail(s, logp(PS4), ONE)  # V mismatch
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"mask must have shape \(1, 1\) .* got \(1, 2\)"):
         reverse_kl_topm_tail(s, t, torch.ones(1, 2))  # mask shape
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"student_logp must have shape \(N, T, V\), got \(1, 3\)"):
         reverse_kl_topm_tail(s[0], t[0], ONE)  # 2-D inputs
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"top_m must be an integer >= 1, got 0"):
         reverse_kl_topm_tail(s, t, ONE, top_m=0)
 
 
@@ -258,7 +259,7 @@ def test_token_delta_detaches_student():
     delta.sum().backward()
     assert zs.grad is None or torch.all(zs.grad == 0)
     assert zt.grad is not None and zt.grad.abs().sum() > 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must have the same \(N, T\) shape, got \(2, 3\) and \(2, 2\)"):
         token_delta(lt, ls[:, :2])
 
 
@@ -299,11 +300,13 @@ def test_outcome_weighted_delta_all_zero_rewards():
 
 
 def test_outcome_weighted_delta_validation():
-    with pytest.raises(ValueError):
+    """Bad shapes and rewards outside [0, 1] are refused by our checks (their messages), not by a
+    broadcasting error in torch."""
+    with pytest.raises(ValueError, match=r"rewards must have shape \(N,\) = \(2,\), got \(3,\)"):
         outcome_weighted_delta(torch.zeros(2, 2), torch.ones(2, 2), torch.zeros(3))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"mask must have shape \(2, 2\) .* got \(2, 3\)"):
         outcome_weighted_delta(torch.zeros(2, 2), torch.ones(2, 3), torch.zeros(2))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"rewards must be finite and lie in \[0, 1\]"):
         outcome_weighted_delta(torch.zeros(2, 2), torch.ones(2, 2), torch.tensor([0.5, 1.5]))
 
 
@@ -322,7 +325,7 @@ def test_margin_penalty():
     assert p.item() == pytest.approx(0.6, abs=1e-12)
     p.backward()
     assert d.grad.item() == pytest.approx(-2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"delta_phi must be a scalar \(0-dim\) tensor, got \(2,\)"):
         margin_penalty(1.0, 0.5, torch.zeros(2))
 
 
@@ -354,9 +357,9 @@ def test_dual_update_falls_to_exactly_zero_and_stays():
 def test_dual_update_eta_zero_and_validation():
     assert dual_update(0.7, 0.1, 5.0, 0.0) == 0.7
     assert dual_update(0.7, 5.0, 0.1, 0.0) == 0.7
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="eta must be >= 0, got -0.1"):
         dual_update(1.0, 0.1, 0.3, -0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="delta_phi must be finite, got nan"):
         dual_update(1.0, 0.1, float("nan"), 0.1)
     # tensor Δ accepted
     assert dual_update(0.0, 1.0, torch.tensor(0.4), 0.5) == pytest.approx(0.3)
@@ -376,7 +379,7 @@ def test_anchor_loss_hand_and_grad():
     assert c0.grad is None
     expected = 0.1 * torch.tensor([[[0.0, 2.0, 2.0], [-1.0, -1.0, -1.0]]])
     assert torch.allclose(c.grad, expected, atol=1e-7)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"c_phi and c_phi0 must have the same \(\.\.\., H\) shape"):
         anchor_loss(c, c0[..., :2], 0.1)
 
 
@@ -394,7 +397,7 @@ def test_grpo_advantages_hand():
     s = math.sqrt(0.5) + 1e-4
     assert adv[1].tolist() == pytest.approx([-1 / s, 0.0, 1 / s, 0.0], abs=1e-6)
     assert torch.all(adv[2] == 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"rewards must have shape \(n_groups, G\), got \(4,\)"):
         grpo_advantages(torch.zeros(4))
 
 
@@ -438,5 +441,5 @@ def test_sft_loss_hand():
         (ln(2) + ln(4) + 0.5 * ln(10)) / 2.5, abs=1e-12
     )
     assert sft_loss(lp, torch.zeros(2, 2)).item() == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"weights must be a tensor of shape \(N,\) = \(2,\), got \(3,\)"):
         sft_loss(lp, mask, torch.ones(3))

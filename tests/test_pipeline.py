@@ -370,9 +370,25 @@ def test_plots_diff_overlays_two_experiments(smoke_recorded, tmp_path):
     r = run_cmd([str(BIN / "dvc"), "plots", "diff", "HEAD", "lr2x", "-o", str(out)], repo, 300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     html = (out / "index.html").read_text()
-    assert "learning_curves" in html or "Validation reward per step" in html
-    assert '"rev": "HEAD"' in html.replace("'", '"') or '"rev":"HEAD"' in html, "HEAD's curves missing"
-    assert "lr2x" in html, "the experiment's curves missing"
+    # the learning-curves plot itself (its own div and vega spec): declared title, and val_reward points
+    # of both revisions in its data
+    from lopd.analysis.plotdata import plot_declarations
+
+    decl = next(d["learning_curves"] for d in plot_declarations() if "learning_curves" in d)
+    spec = _vega_spec(html, "learning_curves")
+    assert spec["title"] == decl["title"]
+    points = [p for p in spec["data"]["values"] if p.get("val_reward") not in (None, "")]
+    assert {p["rev"] for p in points} == {"HEAD", "lr2x"}, "a revision's learning curves are missing"
+
+
+def _vega_spec(html: str, plot_id: str) -> dict:
+    """The vega spec dvc_render embeds for one plot: ``<div id = "<id>"> ... var spec = {...};``."""
+    import re
+
+    m = re.search(r'<div id = "' + re.escape(plot_id) + r'">\s*<script type = "text/javascript">\s*var spec = '
+                  r"(\{.*?\});\s*vegaEmbed\('#" + re.escape(plot_id) + "'", html, re.S)
+    assert m, f"no plot {plot_id!r} in the page"
+    return json.loads(m.group(1))
 
 
 def test_dvc_yaml_plots_match_the_report_declarations():

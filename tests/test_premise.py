@@ -267,19 +267,40 @@ def _probe_params(workspace, path, **over):
     return path
 
 
-def test_probe_stage_uses_the_selected_k_and_n_ret(workspace, probe_dir):
+def test_probe_stage_uses_the_selected_k_and_n_ret(workspace, probe_dir, monkeypatch):
+    """The probe stage end to end: the selected K and n_ret, every condition's summary, a gate
+    computed from the intervals it reports, and a record of exactly the splits it read (train and
+    val as role "probe"; never test)."""
+    from lopd import data as data_mod
     from lopd.cli import main
+    from lopd.data import sha256_file
 
-    p = _probe_params(workspace, probe_dir / "params.yaml")
+    # min_margin 1: a reward difference is at most 1, so lo(R_relevant - R_x) > 1 cannot hold and
+    # the gate must fail on both reward checks, whatever the tiny model does
+    p = _probe_params(workspace, probe_dir / "params.yaml", probe={"samples_per_task": 1, "min_margin": 1.0})
+    # this process's own reads only (other tests in the session read splits, the test split included)
+    monkeypatch.setattr(data_mod, "ACCESS_LOG", [])
     (probe_dir / "hpo").mkdir()
     (probe_dir / "hpo/best_params.yaml").write_text(yaml.safe_dump({"margin": 0.1, "K": 8, "n_ret": 1}))
     assert workspace.params().train.K != 8 and workspace.params().train.n_ret != 1
     assert main(["--params", str(p), "probe"]) == 0
     out = json.loads((probe_dir / "results/probe/result.json").read_text())
     assert (out["K"], out["n_ret"]) == (8, 1) and out["K_n_ret_from"].endswith("best_params.yaml")
-    assert isinstance(out["premise_holds"], bool) and set(out["checks"]) == {
-        "reward relevant-student", "reward relevant-shuffled", "delta relevant", "delta relevant-shuffled"}
     r, d = out["reward"]["by_condition"], out["delta"]["by_condition"]
+    pp = yaml.safe_load(p.read_text())["probe"]
+    # each check is the lower end of the interval the result reports, against the params' threshold
+    sources = {"reward relevant-student": (out["reward"]["paired"]["relevant-student"], pp["min_margin"]),
+               "reward relevant-shuffled": (out["reward"]["paired"]["relevant-shuffled"], pp["min_margin"]),
+               "delta relevant": (d["relevant"], pp["min_delta"]),
+               "delta relevant-shuffled": (out["delta"]["paired"]["relevant-shuffled"], pp["min_delta"])}
+    assert set(out["checks"]) == set(sources)
+    for name, (summary, thr) in sources.items():
+        c, lo = out["checks"][name], summary["ci_low"]
+        assert c["threshold"] == thr and (c["ci_low"] == lo or math.isnan(c["ci_low"]) and math.isnan(lo)), name
+        assert c["passed"] is (not math.isnan(lo) and lo > thr), name
+    assert not out["checks"]["reward relevant-student"]["passed"]
+    assert not out["checks"]["reward relevant-shuffled"]["passed"]
+    assert out["premise_holds"] is False
     assert set(r) == {"student", "relevant", "shuffled", "unrelated", "none", "text"}
     assert set(d) == {"relevant", "shuffled", "unrelated", "none", "text"}
     n_val = len((probe_dir / "data/splits/val.jsonl").read_text().splitlines())
@@ -288,7 +309,10 @@ def test_probe_stage_uses_the_selected_k_and_n_ret(workspace, probe_dir):
     # context rolls out exactly the student's episodes and scores its tokens exactly alike
     assert out["reward"]["paired"]["none-student"]["mean"] == 0.0 and d["none"]["mean"] == 0.0
     assert all(v["ci_low"] <= v["mean"] <= v["ci_high"] for v in r.values())
-    assert "test" not in out["splits_read"]
+    # the leakage record: exactly the two splits load_resources(role="probe") opens, with their hashes
+    assert [(e["split"], e["role"]) for e in out["splits_read"]] == [("train", "probe"), ("val", "probe")]
+    assert all(e["sha256"] == sha256_file(probe_dir / f"data/splits/{e['split']}.jsonl") for e in out["splits_read"])
+    assert not [e for e in out["splits_read"] if e["split"] == "test"]
 
 
 def test_probe_stage_without_best_params_is_bad_input(workspace, probe_dir, capsys):

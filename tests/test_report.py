@@ -18,7 +18,8 @@ from scipy import stats
 
 from lopd.analysis import figures
 from lopd.analysis.audits import CLEAN_LEAKAGE_SENTENCE, leakage, write_leakage
-from lopd.analysis.falsification import CLAIM_SENTENCE, DESIGN_FLAG, DESIGN_OK, NO_CLAIM_SENTENCE, Rule, analyse, render
+from lopd.analysis.falsification import (CLAIM_SENTENCE, DESIGN_FLAG, DESIGN_OK, NO_CLAIM_SENTENCE, Rule, analyse,
+                                         decide, render)
 from lopd.analysis.loading import load_evals, load_premise, load_runs, load_task_table, task_contrast_fn, values
 from lopd.analysis.plotdata import COLUMNS, DYNAMICS_ARMS, MARGIN_ARMS, plot_declarations
 from lopd.analysis.report import build_report
@@ -508,3 +509,165 @@ def test_missing_eval_results_still_writes_every_file(tmp_path):
         assert (tmp_path / "reports" / name).exists(), name
     assert "MISSING" in _read(tmp_path, "main_table.md") and summary["test_reward"] == {}
     assert summary["falsification"]["claim"] is False
+
+
+# --------------------------------------------------------------------------- falsification edge cases
+def _rule(gain_over=("base",), content=("lopd_shuffled", "lopd_unrelated"), alpha=0.05) -> Rule:
+    return Rule("(rule text)", "lopd", tuple(gain_over), tuple(content), None, "base", alpha)
+
+
+def _row(fal: dict, name: str) -> dict:
+    return next(r for r in fal["tests"] if r["name"] == name)
+
+
+def test_one_content_control_passing_does_not_carry_part_two():
+    """Intersection–union: lopd beats lopd_shuffled but not lopd_unrelated, so part (ii) fails and the
+    verdict names only the failing test. Per-seed contrasts (5 seeds): vs base and vs shuffled
+    d = (1..5)/8, mean 3/8, sd √(5/128), t = 3√2 on 4 df, every sign positive (exact p = 1/32); vs
+    unrelated d = (−2..2)/8, mean 0, t = 0, p = 1/2, exact p = P(S ≥ 0) = (1 + 4/16)/2 = 0.625."""
+    lopd = {s: 1.0 for s in range(5)}
+    base = {s: 1.0 - (s + 1) / 8 for s in range(5)}
+    unrelated = {s: 1.0 - (s - 2) / 8 for s in range(5)}
+    rule = _rule()
+    fal = analyse(rule, {"lopd": lopd, "base": base, "lopd_shuffled": dict(base), "lopd_unrelated": unrelated})
+    for name in ("lopd > base", "lopd > lopd_shuffled"):
+        r = _row(fal, name)
+        assert r["diff"] == 0.375 and r["t"] == pytest.approx(3 * math.sqrt(2))
+        assert r["p"] == pytest.approx(stats.t.sf(3 * math.sqrt(2), 4)) and r["p_exact"] == 1 / 32
+        assert r["reject"] and r["robust"]
+    r = _row(fal, "lopd > lopd_unrelated")
+    assert (r["diff"], r["t"], r["p"], r["p_exact"], r["reject"]) == (0.0, 0.0, 0.5, 0.625, False)
+    assert fal["verdict"] == {"gain": True, "gain_robust": True, "content": False, "content_robust": False,
+                              "claim": False, "claim_robust": False}
+    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)")
+    assert "- Part (i) LOPD has a gain: **holds**." in md
+    assert "- Part (ii) content drives it: **fails** (lopd > lopd_unrelated: p = 0.5000 not < 0.05)." in md
+    assert f"**{NO_CLAIM_SENTENCE}**: part (ii) content drives it failed." in md and f"**{CLAIM_SENTENCE}**" not in md
+
+
+def test_each_test_uses_only_the_seeds_its_arms_share():
+    """lopd has seeds 0-5, base 0-3, lopd_shuffled 2-6, lopd_unrelated 7-8; lopd's seeds 4 and 5 hold 0.0,
+    so a test that used unshared seeds would be pulled far down. lopd > base on seeds 0-3:
+    d = (.5, .375, .375, .25), mean 0.375; lopd > lopd_shuffled on seeds 2-5: d = (.25, .125, −.125, −.25),
+    mean 0, t = 0; lopd > lopd_unrelated: no shared seed, n = 0 (both arms present, so not 'missing'),
+    hence the design is flagged and part (ii) fails."""
+    lopd = {0: 1.0, 1: 0.875, 2: 0.75, 3: 0.625, 4: 0.0, 5: 0.0}
+    base = {0: 0.5, 1: 0.5, 2: 0.375, 3: 0.375}
+    shuffled = {2: 0.5, 3: 0.5, 4: 0.125, 5: 0.25, 6: 0.0}
+    unrelated = {7: 0.0, 8: 0.0}
+    rule = _rule()
+    fal = analyse(rule, {"lopd": lopd, "base": base, "lopd_shuffled": shuffled, "lopd_unrelated": unrelated})
+    g, c, u = (_row(fal, f"lopd > {x}") for x in ("base", "lopd_shuffled", "lopd_unrelated"))
+    assert (g["n"], g["seeds"], g["diff"]) == (4, [0, 1, 2, 3], 0.375)
+    assert (c["n"], c["seeds"], c["diff"], c["t"], c["reject"]) == (4, [2, 3, 4, 5], 0.0, 0.0, False)
+    assert (u["n"], u["missing"], u["reject"]) == (0, [], False) and "diff" not in u
+    assert fal["design"] == {"n_min": 0, "floor": 1.0, "can_reject": False}
+    assert not fal["verdict"]["content"] and not fal["verdict"]["claim"]
+    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)")
+    assert "| (ii) content drives it | lopd > lopd_unrelated | 0 | no shared seeds |" in md
+    assert f"**{DESIGN_FLAG}: a test of the rule has no paired seeds" in md
+
+
+def test_p_exactly_alpha_does_not_reject():
+    """Every test rejects only for p strictly below α. Exact sign-flip: 4 seeds all favouring lopd give
+    p = 1/2⁴ = 0.0625; with α = 0.0625 that is not below α (robust: no), the design check says the exact
+    test cannot reject (floor 0.0625 not below α), while the t-test (p ≈ 0.015) rejects. t-test: contrast
+    (.25, −.25, .25, −.25) has mean 0, t = 0, p = 1/2 exactly; α = 0.5 does not reject, a hair above does."""
+    lopd = {s: 1.0 for s in range(4)}
+    base = {s: 1.0 - (s + 1) / 8 for s in range(4)}  # d = (1..4)/8
+    fal = analyse(_rule(content=("lopd_shuffled",), alpha=0.0625),
+                  {"lopd": lopd, "base": base, "lopd_shuffled": dict(base)})
+    r = _row(fal, "lopd > base")
+    assert r["p_exact"] == 0.0625 and r["robust"] is False
+    # d = (1..4)/8: mean 5/16, sample variance 5/192, t = (5/16) / (√(5/192) / 2) ≈ 3.87 on 3 df
+    assert r["p"] == pytest.approx(stats.t.sf(0.3125 / (math.sqrt(5 / 192) / 2), 3)) and r["reject"] is True
+    assert fal["design"] == {"n_min": 4, "floor": 0.0625, "can_reject": False}
+    assert fal["verdict"]["claim"] is True and fal["verdict"]["claim_robust"] is False
+    shuffled = {s: 1.0 - (0.25 if s % 2 == 0 else -0.25) for s in range(4)}
+    values = {"lopd": lopd, "base": {s: 0.0 for s in range(4)}, "lopd_shuffled": shuffled}
+    for alpha, rejects in ((0.5, False), (math.nextafter(0.5, 1.0), True)):
+        rule = _rule(content=("lopd_shuffled",), alpha=alpha)
+        r = _row(analyse(rule, values), "lopd > lopd_shuffled")
+        assert r["p"] == 0.5 and r["reject"] is rejects, alpha
+        aligned = {a: np.array([v[s] for s in range(4)]) for a, v in values.items()}
+        assert bool(decide(aligned, rule)["reject"]["lopd > lopd_shuffled"]) is rejects, alpha
+
+
+def test_a_failed_premise_gate_is_rendered_as_not_holding(tmp_path):
+    """premise_holds false in results/probe/result.json: the gate reads 'does not hold' in
+    falsification.md (never 'holds') and its metric is pass false; a non-boolean premise_holds is
+    'unknown', not a pass."""
+    from lopd.analysis.tables import write_metrics
+
+    _wjson(tmp_path / "results" / "probe" / "result.json",
+           {"premise_holds": False, "by_mode": {"relevant": {"mean_delta": 0.0125}, "shuffled": {"mean_delta": 0.03}}})
+    premise = load_premise(tmp_path)
+    assert premise == {"path": "results/probe/result.json", "holds": False, "status": "does not hold",
+                       "delta": {"relevant": 0.0125, "shuffled": 0.03}}
+    rule = _rule()
+    fal = analyse(rule, {a: {0: 1.0, 1: 0.5} for a in rule.arms()})
+    md = render(rule, fal, premise, "(note)")
+    gate = md[md.index("## Premise gate"):md.index("## Design check")]
+    assert ("Premise gate (results/probe/result.json): **does not hold** (δ relevant = 0.0125; δ shuffled = 0.0300)."
+            in gate) and "**holds**" not in gate
+    write_metrics(tmp_path / "reports", {"arms": [], "cells": {}}, fal, premise)
+    assert _metric(tmp_path, "premise/gate") == {"pass": False}
+    _wjson(tmp_path / "results" / "probe" / "result.json", {"premise_holds": "false"})
+    assert load_premise(tmp_path)["status"] == "unknown (no premise_holds key)"
+    assert load_premise(tmp_path)["holds"] is None
+
+
+# --------------------------------------------------------------------------- efficiency ratio
+def _eff_run(rollouts, vals, total=None) -> dict:
+    return {"result": {"rollouts_used": rollouts[-1] if total is None else total},
+            "history": {"step": np.arange(len(rollouts), dtype=float), "rollouts_used": np.array(rollouts, float),
+                        "val_reward": np.array(vals, float)}}
+
+
+GRPO_RUNS = {0: _eff_run([0, 50, 100], [0.4, 0.5, 0.6], total=100), 1: _eff_run([0, 100], [0.4, 0.8], total=120)}
+
+
+def test_efficiency_ratio_interpolates_the_mean_lopd_curve():
+    """GRPO target = mean of each seed's last val reward = (0.6 + 0.8)/2 = 0.7; GRPO total = mean of
+    rollouts_used = 110. lopd seed 0: (0, 0.4) → (40, 1.0); seed 1: (0, 0.4) → (20, 0.6), then held at
+    0.6. On the union grid (0, 20, 40): seed 0 = (0.4, 0.7, 1.0), mean curve = (0.4, 0.65, 0.8); 0.7 is
+    crossed 1/3 of the way from 20 to 40: x = 80/3, ratio = (80/3)/110 = 8/33."""
+    from lopd.analysis.dynamics import efficiency, render_efficiency
+
+    lopd = {0: _eff_run([0, 40], [0.4, 1.0]), 1: _eff_run([0, 20], [0.4, 0.6])}
+    eff = efficiency({"grpo": GRPO_RUNS, "lopd": lopd}, 200)
+    assert eff["target"] == pytest.approx(0.7) and eff["grpo_total"] == 110.0
+    assert eff["x"] == pytest.approx(80 / 3) and eff["ratio"] == pytest.approx(8 / 33) and eff["reached"]
+    # bootstrap: the smallest resample ratio (both lopd draws seed 0, both GRPO draws seed 0: 0.6 crossed
+    # on 0.4 → 0.7 at x = 40/3) has probability 1/16 > 2.5%, and so has a never-reached one (both lopd
+    # draws seed 1, max 0.6; both GRPO draws seed 1, target 0.8): lower bound 4/33, upper bound ∞
+    lo, hi = eff["ci"]
+    assert lo == pytest.approx(4 / 33) and hi == math.inf
+    md = render_efficiency(eff, 200)
+    assert "**Ratio: 0.242** (27 / 110 rollouts), 95% CI [0.121, not reached]" in md
+    assert "The < 30% claim is NOT established by this data" in md
+
+
+def test_efficiency_not_reached_is_reported_as_such():
+    """lopd's mean curve tops out at 0.5 < target 0.7 within its 40 rollouts: no ratio, and the report
+    says 'not reached' (a finding), with every bootstrap resample unreached."""
+    from lopd.analysis.dynamics import efficiency, render_efficiency
+
+    eff = efficiency({"grpo": GRPO_RUNS, "lopd": {0: _eff_run([0, 40], [0.4, 0.5])}}, 200)
+    assert eff["reached"] is False and eff["ratio"] is None and eff["x"] == math.inf
+    assert eff["frac_reached"] == 0.0 and eff["lopd_max_rollouts"] == 40.0
+    md = render_efficiency(eff, 200)
+    assert "**Ratio: not reached.**" in md and "within the 40 rollouts it used" in md
+    assert "CI [not reached, not reached]" in md and "**Ratio: degenerate" not in md
+
+
+def test_efficiency_degenerate_when_grpo_ends_at_or_below_the_start():
+    """GRPO ends at 0.3, below the 0.4 every run starts from: lopd 'reaches' it at 0 rollouts. The ratio
+    is 0 / 100, reported as degenerate (no test of the claim), not as lopd being infinitely efficient."""
+    from lopd.analysis.dynamics import efficiency, render_efficiency
+
+    eff = efficiency({"grpo": {0: _eff_run([0, 100], [0.4, 0.3])}, "lopd": {0: _eff_run([0, 40], [0.4, 0.5])}}, 200)
+    assert eff["reached"] and eff["x"] == 0.0 and eff["ratio"] == 0.0 and eff["target"] == 0.3
+    md = render_efficiency(eff, 200)
+    assert "**Ratio: degenerate (0 / 100).**" in md and "**Ratio: 0.000**" not in md
+    assert "cannot test the paper's efficiency claim" in md

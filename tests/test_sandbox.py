@@ -85,10 +85,25 @@ def test_tempdir_removed_and_is_cwd_and_home():
     assert not os.path.exists(cwd)
 
 
-def test_isolation_probe_is_cached():
-    iso = sandbox.isolation()
-    assert set(iso) == {"netns", "drop_uid"}
-    assert sandbox.isolation() == iso
+def test_isolation_probe_is_cached(monkeypatch):
+    """The probe (child processes) runs on the first call only; later calls return the cached
+    answer, as a copy a caller cannot corrupt. Root is faked and the probe counted, so the test
+    pins the cache whatever this machine allows (a missing cache would probe twice)."""
+    import types
+
+    from lopd.sandbox import limits
+
+    probes = []
+    monkeypatch.setattr(limits, "_ISO", None)
+    monkeypatch.setattr(limits, "os", types.SimpleNamespace(geteuid=lambda: 0))
+    monkeypatch.setattr(limits, "unshare_fn", lambda: None)
+    monkeypatch.setattr(limits, "_probe", lambda netns, drop: probes.append((netns, drop)) or True)
+    first = sandbox.isolation()
+    assert first == {"netns": True, "drop_uid": True}
+    assert probes == [(True, False), (True, True)]  # netns alone, then drop_uid inside the netns
+    first["netns"] = False
+    assert sandbox.isolation() == {"netns": True, "drop_uid": True}
+    assert probes == [(True, False), (True, True)], "isolation() probed again: not cached"
 
 
 # ------------------------------------------------------------------------ hostile

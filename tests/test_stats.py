@@ -227,19 +227,36 @@ def test_eval_noise_share_hand_computed():
 
 
 # ----------------------------------------------------------------- bad input
-@pytest.mark.parametrize("call", [
-    lambda: summarize([]), lambda: summarize([1.0, float("nan")]), lambda: summarize([[1.0, 2.0]]),
-    lambda: summarize(["a", "b"]), lambda: summarize([1.0, 2.0], confidence=1.5),
-    lambda: t_test([1.0, 2.0], alternative="bigger"), lambda: paired_t([1, 2], [1, 2, 3]),
-    lambda: sign_flip_p([]), lambda: sign_flip_p([1, 2, 3], [1]), lambda: sign_flip_p([1.0, 2.0], n_mc=0),
-    lambda: hierarchical_bootstrap_ci([1.0, 2.0]), lambda: hierarchical_bootstrap_ci([[1.0, 2.0]], strata=["a"]),
-    lambda: holm([]), lambda: holm([0.1, 1.2]), lambda: prob_improvement([], [1.0]),
-    lambda: min_detectable_diff(-1.0, 5), lambda: min_detectable_diff(1.0, 5, alpha=0.0),
-    lambda: min_detectable_diff(1.0, 5, power=0.01), lambda: seeds_needed(0.1, -1.0),
-    lambda: seeds_needed(0.1, 1.0, max_n=1), lambda: t_test_power(0.1, 0.0, 5),
-    lambda: joint_power([0.1, 0.1], [[1.0]], 5), lambda: eval_noise_share([[[1.0]], [[0.0]]]),
-    lambda: eval_noise_share([[[1.0, 0.0]], [[0.0, 1.0]]], weights=[0.5]),
+# each bad call with the start of *our* message: numpy raises ValueError on some of these inputs by
+# itself (e.g. float("a")), so a bare ValueError would pass even if our check were gone
+@pytest.mark.parametrize("call, match", [
+    (lambda: summarize([]), r"x needs at least 1 value"),
+    (lambda: summarize([1.0, float("nan")]), r"x must contain only finite values"),
+    (lambda: summarize([[1.0, 2.0]]), r"x must be 1-dimensional, got shape \(1, 2\)"),
+    (lambda: summarize(["a", "b"]), r"x must be numbers"),
+    (lambda: summarize([1.0, 2.0], confidence=1.5), r"confidence must be strictly between 0 and 1, got 1\.5"),
+    (lambda: t_test([1.0, 2.0], alternative="bigger"), r"alternative must be one of .* got 'bigger'"),
+    (lambda: paired_t([1, 2], [1, 2, 3]), r"paired samples must have equal shapes, got \(2,\) and \(3,\)"),
+    (lambda: sign_flip_p([]), r"a needs at least 1 value"),
+    (lambda: sign_flip_p([1, 2, 3], [1]), r"paired samples must have equal shapes"),
+    (lambda: sign_flip_p([1.0, 2.0], n_mc=0), r"n_mc must be a positive integer, got 0"),
+    (lambda: hierarchical_bootstrap_ci([1.0, 2.0]), r"contrast must be \(seeds × tasks\), got shape \(2,\)"),
+    (lambda: hierarchical_bootstrap_ci([[1.0, 2.0]], strata=["a"]), r"strata needs one label per task \(2\), got 1"),
+    (lambda: holm([]), r"pvals needs at least 1 value"),
+    (lambda: holm([0.1, 1.2]), r"pvals must lie in \[0, 1\]"),
+    (lambda: prob_improvement([], [1.0]), r"a needs at least 1 value"),
+    (lambda: min_detectable_diff(-1.0, 5), r"std must be non-negative and finite"),
+    (lambda: min_detectable_diff(1.0, 5, alpha=0.0), r"alpha must be strictly between 0 and 1, got 0\.0"),
+    (lambda: min_detectable_diff(1.0, 5, power=0.01), r"power \(0\.01\) must exceed alpha \(0\.05\)"),
+    (lambda: seeds_needed(0.1, -1.0), r"need finite diff, finite std ≥ 0 .*\(got 0\.1, -1\.0, "),
+    (lambda: seeds_needed(0.1, 1.0, max_n=1), r"integer max_n ≥ 2 \(got 0\.1, 1\.0, 1\)"),
+    (lambda: t_test_power(0.1, 0.0, 5), r"std must be positive and finite"),
+    (lambda: joint_power([0.1, 0.1], [[1.0]], 5), r"cov must be a finite 2×2 matrix, got shape \(1, 1\)"),
+    (lambda: eval_noise_share([[[1.0]], [[0.0]]]), r"samples must be \(seeds ≥ 2\) × tasks × \(K ≥ 2 samples\)"),
+    (lambda: eval_noise_share([[[1.0, 0.0]], [[0.0, 1.0]]], weights=[0.5]),
+     r"weights must be one non-negative weight per task, summing to 1"),
 ])
-def test_bad_input_raises(call):
-    with pytest.raises(ValueError):
+def test_bad_input_raises(call, match):
+    """Bad input is refused by our own check (its message), not by a numpy error on the way."""
+    with pytest.raises(ValueError, match=match):
         call()
