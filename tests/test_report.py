@@ -244,6 +244,9 @@ def test_planted_effect_claim_and_the_rule_comes_first(planted):
              fal.index("## Verdict")]
     assert order == sorted(order) and not any(ch.isdigit() for ch in fal[:fal.index(rule)].replace("#", ""))
     assert CLAIM_SENTENCE in fal and NO_CLAIM_SENTENCE not in fal and DESIGN_OK in fal
+    # what the intervals cover is stated before the tests: the training seed only, one upstream draw
+    assert fal.index("## What the confidence intervals cover") < fal.index("## Tests")
+    assert "**The training seed only.**" in fal and "A verdict here is a verdict about this draw." in fal
     f = summary["falsification"]
     assert f["gain"] and f["content"] and f["claim"] and f["claim_robust"] and f["design_can_reject"]
     # the statistics are scipy's paired t-test on the per-seed test rewards, one-sided
