@@ -161,7 +161,11 @@ def test_train_and_evaluate_matrix_cover_every_arm_and_seed():
     rule = p.report.rule
     for arm in {rule.treatment, *rule.gain_over, *rule.content_controls}:  # the rule's arms need >= 10 seeds
         assert len(p.train.seeds_of(arm)) >= 10, arm
-    assert p.hpo.n_trials >= 16
+    # the search: at least 16 trial runs (12 trials x 2 seeds), at the final runs' horizon, CRN validation
+    assert p.hpo.n_trials * p.hpo.seeds_per_trial >= 16 and p.hpo.seeds_per_trial >= 2
+    assert (p.hpo.steps or p.train.steps) == p.train.steps and (p.sensitivity.steps or p.train.steps) == p.train.steps
+    assert p.train.steps * p.train.tasks_per_step >= 1536 and p.train.val_samples_per_task >= 2
+    assert max(p.hpo.margin_choices) >= 0.5
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     for stage in ("train", "evaluate"):
         assert dvc["stages"][stage]["matrix"] == {"arm": "${train.arms}", "seed": "${train.seeds}"}
