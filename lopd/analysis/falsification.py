@@ -201,9 +201,10 @@ def _verdict_lines(rule: Rule, analysis: dict) -> list[str]:
 CI_SCOPE = ("**The training seed only.** Every seed of every arm shares one draw of the upstream randomness: the "
             "base policy (`base.seed`), the experience bank (`bank.seed`) and the cold-started composer φ0 "
             "(`cold_start.seed`). The intervals and p-values below describe the spread over training seeds given that "
-            "draw, not over draws: another draw moved the content contrasts by about 0.01 (between-draw sd "
-            "0.002–0.009 per contrast, measured with three bank and cold-start draws), as large as the seed-level "
-            "CI half-widths. A verdict here is a verdict about this draw.")
+            "draw, not over draws. On the earlier 24-step pipeline, three bank and cold-start draws moved the content "
+            "contrasts by about 0.01 (between-draw sd 0.002–0.009 per contrast), as large as the seed-level CI "
+            "half-widths; that spread has not been remeasured at this horizon. A verdict here is a verdict about "
+            "this draw.")
 
 
 def render(rule: Rule, analysis: dict, premise: dict, design_note: str) -> str:
