@@ -71,7 +71,6 @@ def main() -> None:
     if a.child:
         return _child(a.child[0], int(a.child[1]))
     env0 = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
-    env0["MLFLOW_TRACKING_URI"] = env0.get("MLFLOW_TRACKING_URI", "")
     for kind, steps in (("base", a.base_steps), ("train", a.train_steps)):
         times: dict[str, list[float]] = {m: [] for m in MODES}
         caps = {}

@@ -95,8 +95,8 @@ def _tuning_table(search: dict, runs: dict) -> str:
     point, base = search["selection"]["point"], search["baselines"] or {}
     rows = []
     for arm in sorted(runs):
-        hp = next(iter(runs[arm].values()))["result"].get("hparams") or {}
-        sw = next(iter(runs[arm].values()))["result"].get("arm_switches") or {}
+        res = next(iter(runs[arm].values()))["result"]  # every seed of an arm runs the same hyper-parameters
+        hp, sw = res.get("hparams") or {}, res.get("arm_switches") or {}
         if arm in base:
             vals = ", ".join(f"{lr}: {fmt(v, 3)}" for lr, v in base[arm]["values"].items())
             how = f"student lr from {{{vals}}} (val reward per rate)"
