@@ -45,4 +45,4 @@ mlflow-server: $(BIN)/.installed
 
 # BFCL data files only (the bfcl-eval wheel is downloaded, never installed: it downgrades numpy)
 external-data: $(BIN)/.installed
-	$(BIN)/python -m lopd.external data/external/bfcl
+	$(BIN)/python -m lopd.envs.external data/external/bfcl

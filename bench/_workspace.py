@@ -49,9 +49,9 @@ def rollout_workload(batch: int):
     import torch
 
     from lopd import data
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_backbone
+    from lopd.stages.common import load_backbone
 
     p = params()
     torch.set_num_threads(p.model.torch_threads)

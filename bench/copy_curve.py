@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 def probe_items(envs: dict, fmt, envs_seed: int, per_domain: int) -> list[tuple[str, str, str, list[int], int]]:
     """(domain, family, slot, prefix ids, id of the right word): one item per hidden slot of each
     held-out task, the prefix ending just before the slot's word in the task's own solution."""
-    from lopd.base_policy import pretraining_seed, trajectory
+    from lopd.training.base_policy import pretraining_seed, trajectory
     from lopd.envs.base import world_key
 
     items = []
@@ -90,9 +90,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
-    import lopd.base_policy as bp
+    import lopd.training.base_policy as bp
     from lopd.config import load_params
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.model.chat import ChatFormat
     from lopd.utils import seed_everything
 

@@ -33,9 +33,9 @@ def main() -> None:
     workspace()
     import torch
 
-    from lopd.fast_decoder import FastDecoder
-    from lopd.kv_cache import RaggedKVCache
-    from lopd.sampling import choose_tokens, seed_states
+    from lopd.engine.fast_decoder import FastDecoder
+    from lopd.engine.kv_cache import RaggedKVCache
+    from lopd.engine.sampling import choose_tokens, seed_states
 
     p, bb, _, _, _ = rollout_workload(0)
     torch.set_num_threads(args.threads)

@@ -6,8 +6,8 @@ and domain: which rollouts the outcome weights r(τ) of Δ(φ) let in, and what 
 
 Per (condition, domain, reward): the token mean of δ_t = log π_T(y_t | s_t, c) − log π_S(y_t | s_t)
 over the policy tokens of those rollouts, and how many rollouts. The probe's Δ is the
-r-weighted mean of these rows (lopd.premise.per_task_delta), so a negative row with r > 0
-pulls it down. Rollouts: the probe's own (lopd.cold_start.probe_batch), 2 samples per val task.
+r-weighted mean of these rows (lopd.analysis.premise.per_task_delta), so a negative row with r > 0
+pulls it down. Rollouts: the probe's own (lopd.training.cold_start.probe_batch), 2 samples per val task.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def main(argv=None) -> int:
     os.chdir(run)
     import yaml
 
-    from lopd.cold_start import probe_batch
+    from lopd.training.cold_start import probe_batch
     from lopd.config import load_params
     from lopd.model.composer import Composer
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.training.checkpoint import load_tensors_verified
 
     params = load_params("params.yaml")

@@ -36,10 +36,10 @@ def main() -> int:
     import lopd.envs.sandboxed as sandboxed
     from lopd import data as data_mod
     from lopd.config import load_params
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.model.backbone import load_student_policy
     from lopd.paths import Paths
-    from lopd.pipeline.evaluate import _evaluate
+    from lopd.stages.evaluate import _evaluate
     from lopd.training.checkpoint import load_tensors_verified
     from lopd.utils import seed_everything
 

@@ -32,7 +32,7 @@ def main() -> int:
 
     import lopd.training.trainer as trainer_mod
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.arms import get_arm
     from lopd.config import load_params
     from lopd.training.trainer import HParams, Trainer

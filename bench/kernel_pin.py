@@ -36,9 +36,9 @@ def _child(kind: str, steps: int) -> None:
     from _workspace import params, workspace
 
     if kind == "base":
-        from lopd.base_policy import train_base_policy
+        from lopd.training.base_policy import train_base_policy
         from lopd.config import load_params
-        from lopd.evaluate import make_envs
+        from lopd.engine.evaluation import make_envs
         from lopd.utils import seed_everything
 
         p = load_params(REPO / "params.yaml")
@@ -48,7 +48,7 @@ def _child(kind: str, steps: int) -> None:
         train_base_policy(p, make_envs(p))
     else:
         from lopd.paths import Paths
-        from lopd.pipeline.common import load_resources
+        from lopd.stages.common import load_resources
         from lopd.training.run import run_arm
 
         workspace()

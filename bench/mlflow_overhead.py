@@ -47,7 +47,7 @@ def measure_step_ms() -> float:
     workspace()
     from lopd.arms import ARMS
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.training.trainer import HParams, Trainer
 
     p = params()

@@ -55,7 +55,7 @@ class ContextFormat:
 
 def contexts(condition: str, val, train, env, fmt, n_ret: int, seed: int) -> dict[str, list[int]]:
     """Text context (token ids) per val prompt under ``condition``."""
-    from lopd.base_policy import trajectory
+    from lopd.training.base_policy import trajectory
 
     out: dict[str, list[int]] = {}
     for t in val:
@@ -76,7 +76,7 @@ def rewards(model, fmt, envs, val, ctx, params, samples: int, seed: int) -> list
     """Mean reward of ``samples`` rollouts per val task, in ``val`` order."""
     import torch
 
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
 
     gen = torch.Generator().manual_seed(seed)
     cfmt = ContextFormat(fmt, ctx)
@@ -103,7 +103,7 @@ def load_or_train(params, envs, base_dir: str | None):
         dev = resolve_device(params.model)
         model = load_causal_lm(src, dev, resolve_dtype(params.model, dev))
         return model.eval(), ChatFormat(load_tokenizer(src)), {"source": str(src)}
-    from lopd.base_policy import train_base_policy
+    from lopd.training.base_policy import train_base_policy
 
     t0 = time.time()
     model, tok, info = train_base_policy(params, envs)
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
 
     from lopd.config import load_params
     from lopd.data import generate_splits
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.utils import seed_everything
 
     params = load_params(a.params, a.profile)

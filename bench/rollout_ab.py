@@ -35,7 +35,7 @@ def child(tree: str, runs: int, batch: int) -> None:
     import torch
 
     import lopd
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
 
     assert Path(lopd.__file__).resolve().is_relative_to(Path(tree).resolve()), lopd.__file__
     _, bb, tasks, envs, kw = rollout_workload(batch)

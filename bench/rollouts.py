@@ -56,7 +56,7 @@ def matmul_peak_gflops(device, repeats: int = 10) -> float:
 
 def model_costs(model) -> tuple[int, int, int, list]:
     """(P_layers, P_head, attention width, layers) of a Llama-family model as the engine runs it."""
-    from lopd.fast_decoder import FastDecoder
+    from lopd.engine.fast_decoder import FastDecoder
 
     dec = FastDecoder.build(model)
     if dec is None:
@@ -109,7 +109,7 @@ def forward_share(engine, repeats: int, costs, peak: float) -> None:
     """How much of a batch is the model's forward (``FastDecoder.packed``, timed around each call),
     and the GFLOP/s of the forward alone: the ceiling of the engine if all host work (sampling,
     plans, environments, tokenising) cost nothing."""
-    from lopd.fast_decoder import FastDecoder
+    from lopd.engine.fast_decoder import FastDecoder
 
     plain = FastDecoder.packed
     spent = []
@@ -139,7 +139,7 @@ def forward_share(engine, repeats: int, costs, peak: float) -> None:
 
 
 def batch_sweep(bb, tasks, envs, kw, costs, repeats: int, batches: list[int]) -> None:
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
 
     print(f"\nbatch sweep: base policy, tool tasks cycled, median of {repeats}")
     for n in batches:
@@ -154,7 +154,7 @@ def batch_sweep(bb, tasks, envs, kw, costs, repeats: int, batches: list[int]) ->
 def sweep(tasks, envs, p, tok, device, repeats: int) -> None:
     """Random-init qwen3 models (LoRA student active) of several widths and depths, same tasks."""
     from lopd.model.backbone import Backbone, build_tiny_model
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
 
     print(f"\nsweep: random-init qwen3 + LoRA student, batch {len(tasks)}, sampled; ms per step = per forward pass")
     for hidden in (64, 128, 256):
@@ -190,7 +190,7 @@ def main() -> None:
     workspace()
     import torch
 
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
     from tests.reference_rollout import rollout_batch as reference_rollout_batch
 
     p, bb, tasks, envs, kw = rollout_workload(args.batch)

@@ -47,9 +47,9 @@ def timing(repeats: int) -> None:
 
     from lopd.training import objectives as obj
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.arms import ARMS
-    from lopd.rollout import collate, rollout_batch
+    from lopd.engine.rollout import collate, rollout_batch
     from lopd.tracking import Tracker
     from lopd.training.trainer import HParams, Trainer
     from tests.reference_rollout import rollout_batch as former_rollout_batch
@@ -131,7 +131,7 @@ def peak_memory_child(arm: str) -> None:
     import torch
 
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.arms import ARMS
     from lopd.training.trainer import HParams, Trainer
     from tests.reference_rollout import rollout_batch as former_rollout_batch

@@ -175,7 +175,7 @@ def embed_backbone(bb, texts: list[str], batch_size: int = 128) -> np.ndarray:
     """Mean-pooled last hidden states of the frozen base model (adapters off) over ``texts``."""
     import torch
 
-    from lopd.rollout import pad_sequences
+    from lopd.engine.rollout import pad_sequences
 
     outs = []
     with torch.no_grad():

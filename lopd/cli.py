@@ -108,7 +108,7 @@ def run_in_process(argv: list[str]) -> int:
     from lopd.errors import BadInput, RunFailed
 
     if argv[:1] == ["launch"]:  # the cluster launcher has its own options (lopd launch --help)
-        from lopd.launch import main as launch_main
+        from lopd.launch.run import main as launch_main
 
         return launch_main(argv[1:])
     args = _parser().parse_args(argv)
@@ -159,7 +159,7 @@ def _dispatch(args, start_recording=lambda: None) -> int:
         print("params OK")
         return 0
     paths = Paths.for_params(args.params)
-    stage = importlib.import_module(f"lopd.pipeline.{args.cmd.replace('-', '_')}")
+    stage = importlib.import_module(f"lopd.stages.{args.cmd.replace('-', '_')}")
     _check_arm_and_seed(params, args)
     from lopd.lockguard import snapshot_for_stage
 

@@ -133,7 +133,7 @@ class BaseParams(_Section):
     demos_per_task: int = Field(ge=1)
     # P(n same-world successes in a demo's context) for n = 0, 1, ..., len-1
     context_probs: list[float]
-    context_loss: bool  # also supervise the context trajectories (lopd.base_policy.encode_demo)
+    context_loss: bool  # also supervise the context trajectories (lopd.training.base_policy.encode_demo)
     noise: float = Field(ge=0.0, le=1.0)
     truncate_prob: float = Field(ge=0.0, le=1.0)
     steps: int = Field(ge=1)
@@ -183,7 +183,7 @@ class ColdStartParams(_Section):
 
 
 class ProbeParams(_Section):
-    """The premise gate (lopd.premise): rollouts per val task per condition, and the pre-registered rule."""
+    """The premise gate (lopd.analysis.premise): rollouts per val task per condition, and the pre-registered rule."""
 
     samples_per_task: int = Field(ge=1)
     seed: int = Field(ge=0)
@@ -374,7 +374,7 @@ class LaunchResources(_Section):
 
 
 class LaunchParams(_Section):
-    """``lopd launch`` (lopd/launch.py): the out-of-date stages as Ray jobs. Read by no stage."""
+    """``lopd launch`` (lopd/launch/run.py): the out-of-date stages as Ray jobs. Read by no stage."""
 
     # per job, by stage name (the part before '@'); ``default`` for every stage not listed
     resources: dict[str, LaunchResources]

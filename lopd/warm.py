@@ -159,7 +159,7 @@ def run_client(argv: list[str]) -> int:
 LIBRARIES = ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
              "matplotlib")
 OWN_MODULES = ("lopd.cli", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
-               "lopd.evaluate", "lopd.training.run", "lopd.search.hpo", "lopd.cold_start", "lopd.base_policy",
+               "lopd.engine.evaluation", "lopd.training.run", "lopd.search.study", "lopd.training.cold_start", "lopd.training.base_policy",
                "lopd.tracking")
 
 
@@ -170,9 +170,9 @@ def _preload(own: bool = True) -> None:
     stage's ``lopd`` command imports first anyway)."""
     mods = list(LIBRARIES)
     if own:
-        from lopd.pipeline import STAGES
+        from lopd.stages import STAGES
 
-        mods = ["lopd.cli", *(f"lopd.pipeline.{name}" for name in STAGES), *mods, *OWN_MODULES]
+        mods = ["lopd.cli", *(f"lopd.stages.{name}" for name in STAGES), *mods, *OWN_MODULES]
     for mod in mods:
         try:
             __import__(mod)

@@ -85,7 +85,7 @@ def workspace(tmp_path_factory) -> Workspace:
 @pytest.fixture
 def resources(workspace):
     """Loaded backbone, bank, φ0 and tasks of the workspace (fresh per test: adapters are mutated)."""
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
 
     return load_resources(workspace.params(), workspace.paths, role="train")
 

@@ -2,7 +2,7 @@
 
 Two kernel paths (fused against unfused maps, one batch make-up against another) give logits that
 differ by float32 rounding (< 1e-6 here). A greedy token, or a Gumbel-max draw
-``argmax(logits / T + g)`` (lopd.sampling), can only flip between them if its winning margin is
+``argmax(logits / T + g)`` (lopd.engine.sampling), can only flip between them if its winning margin is
 that small. A test that asserts token equality first asserts that every choice in its rollouts
 won by more than :data:`NEAR_TIE`, so it holds on any x86-64 CPU, not only on the one whose
 rounding happened to agree. If a choice is a near-tie, the test says so: pick other inputs.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from lopd.sampling import seed_states, uniforms
+from lopd.engine.sampling import seed_states, uniforms
 
 NEAR_TIE = 1e-4
 

@@ -16,7 +16,7 @@ import torch
 
 from lopd.envs.base import Task
 from lopd.model.chat import ChatFormat
-from lopd.rollout import Rollout
+from lopd.engine.rollout import Rollout
 
 
 def _cache_kw(model) -> str:

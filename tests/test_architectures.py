@@ -24,7 +24,7 @@ def shared(workspace):
 
     from lopd import data as data_mod
     from lopd.bank import ExperienceBank
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
 
     params = workspace.params()
     reader = data_mod.SplitReader(workspace.paths.splits, role="train")

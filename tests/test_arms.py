@@ -13,7 +13,7 @@ import torch
 
 from lopd.training import objectives as obj
 from lopd.arms import ARMS
-from lopd.rollout import collate, rollout_batch
+from lopd.engine.rollout import collate, rollout_batch
 
 STEPS = 2
 TASKS_PER_STEP = 4  # a multiple of group_size (4) so GRPO runs one group per step
@@ -33,7 +33,7 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
 @pytest.fixture(scope="module")
 def arm_runs(workspace, tmp_path_factory):
     """Every registered arm, 2 steps, seed 0, through ``run_arm`` (the stage's code path)."""
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     from lopd.training.run import run_arm
 
     out = tmp_path_factory.mktemp("arms")

@@ -1,6 +1,6 @@
 """Evaluation-only benchmark domains on real data: BFCL (simple/multiple) and HumanEval.
 
-BFCL data is fetched when missing (``lopd.external.fetch_bfcl``: ``pip download`` of the
+BFCL data is fetched when missing (``lopd.envs.external.fetch_bfcl``: ``pip download`` of the
 pinned ``bfcl-eval`` wheel); the tests skip only when pip fails with a network error.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from lopd.envs.bfcl import BFCLEnv, format_call, parse_call, score
 from lopd.errors import BadInput
-from lopd.external import BFCL_DEFAULT_DIR, BFCL_ENV_VAR, FetchError, bfcl_dir, fetch_bfcl
+from lopd.envs.external import BFCL_DEFAULT_DIR, BFCL_ENV_VAR, FetchError, bfcl_dir, fetch_bfcl
 
 REPO = Path(__file__).resolve().parents[1]
 N_NEG = 40  # tasks per negative check (the brief asks for >= 20)

@@ -93,7 +93,7 @@ TRAINER = textwrap.dedent(
 
     from lopd.config import parse_params
     from lopd.paths import Paths
-    from lopd.pipeline.common import load_resources
+    from lopd.stages.common import load_resources
     import torch
 
     from lopd.training.run import run_arm

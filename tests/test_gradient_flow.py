@@ -71,7 +71,7 @@ def test_margin_term_reaches_phi_not_theta(resources, workspace):
     tasks = resources.train_tasks[:4]
     tr.prepare(tasks)
     bb.mode("student")
-    from lopd.rollout import collate, rollout_batch
+    from lopd.engine.rollout import collate, rollout_batch
 
     rolls = rollout_batch(bb.model, bb.fmt, resources.envs, tasks, max_new_tokens=8, max_len=80,
                           generator=torch.Generator().manual_seed(0))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lopd.launch_plan import Job, Plan, ready_stages
+from lopd.launch.plan import Job, Plan, ready_stages
 
 BIN = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def _group_alive(pgid: int) -> bool:
 def test_guard_stops_the_command_when_its_job_dies(tmp_path):
     """A job process that dies (SIGKILL, no chance to clean up) takes its stage command with it:
     the guard notices it was re-parented and stops its process group."""
-    guard = REPO_ROOT / "lopd" / "launch_guard.py"
+    guard = REPO_ROOT / "lopd" / "launch" / "guard.py"
     job = textwrap.dedent(f"""
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, {str(guard)!r}, "sleep", "600"], start_new_session=True)
@@ -94,7 +94,7 @@ def test_guard_stops_the_command_when_its_job_dies(tmp_path):
 
 
 def test_guard_passes_the_exit_status_through():
-    guard = REPO_ROOT / "lopd" / "launch_guard.py"
+    guard = REPO_ROOT / "lopd" / "launch" / "guard.py"
     assert subprocess.run([sys.executable, str(guard), sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
     assert subprocess.run([sys.executable, str(guard), "true"]).returncode == 0
 
@@ -220,7 +220,7 @@ def _make_toy(root: Path, sleep: float = 3.0) -> Path:
 
 
 def _launch_cmd(params: str, log_dir: Path, gpus: int = 4, cpus: int = 4) -> list[str]:
-    return [sys.executable, "-m", "lopd.launch", "--params", params, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+    return [sys.executable, "-m", "lopd.launch.run", "--params", params, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
             "--log-dir", str(log_dir)]
 
 
@@ -261,7 +261,7 @@ def _marks(path: Path) -> list[dict]:
     MLflow sidecar)."""
     rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
     return [m for m in rows if m["argv"] and m["argv"][0] not in ("-m", "-c")
-            and Path(m["argv"][0]).name not in ("dvc", "launch_guard.py") and "/ray/" not in m["argv"][0]]
+            and Path(m["argv"][0]).name not in ("dvc", "guard.py") and "/ray/" not in m["argv"][0]]
 
 
 def _ran_in(marks: list[dict], root: Path, since: float) -> list[list[str]]:
@@ -271,7 +271,7 @@ def _ran_in(marks: list[dict], root: Path, since: float) -> list[list[str]]:
 def _lock_outs(root: Path) -> dict[str, str]:
     """Output path -> md5 in ``dvc.lock``, for the stages of the current ``dvc.yaml`` (DVC keeps the
     entries of matrix items no longer in the matrix)."""
-    from lopd.launch_plan import read_plan
+    from lopd.launch.plan import read_plan
 
     current = set(read_plan(root, []).jobs)
     lock = yaml.safe_load((root / "dvc.lock").read_text())
@@ -391,7 +391,7 @@ def _wait_command(log_dir: Path, stage: str, attempt: int, proc: subprocess.Pope
 
 
 def _start_launch(root: Path, log_dir: Path, cluster: Cluster) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "lopd.launch", "--address", cluster.address, "--log-dir", str(log_dir)]
+    cmd = [sys.executable, "-m", "lopd.launch.run", "--address", cluster.address, "--log-dir", str(log_dir)]
     return subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -541,7 +541,7 @@ def test_smoke_matrix_on_a_local_ray_cluster(tmp_path):
 # ----------------------------------------------------------------------------- plan and bad input (no Ray)
 
 def test_plan_of_the_toy_pipeline(tmp_path):
-    from lopd.launch_plan import read_plan
+    from lopd.launch.plan import read_plan
 
     root = _make_toy(tmp_path / "toy")
     plan = read_plan(root, [])
@@ -566,7 +566,7 @@ def test_plan_of_the_toy_pipeline(tmp_path):
 
 def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
     from lopd.errors import BadInput
-    from lopd.launch import launch, load_launch_params, main
+    from lopd.launch.run import launch, load_launch_params, main
 
     def launch_section(**over):  # the full launch section of params.yaml (the only defaults), changed
         sec = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["launch"]

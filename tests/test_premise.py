@@ -20,11 +20,11 @@ import pytest
 import torch
 import yaml
 
-from lopd.cold_start import cold_start, distill_kl, text_context
+from lopd.training.cold_start import cold_start, distill_kl, text_context
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
-from lopd.premise import DELTA_PAIRS, REWARD_PAIRS, compare, per_task_delta, per_task_reward, premise_rule
-from lopd.rollout import pad_sequences
+from lopd.analysis.premise import DELTA_PAIRS, REWARD_PAIRS, compare, per_task_delta, per_task_reward, premise_rule
+from lopd.engine.rollout import pad_sequences
 from tests.near_ties import NEAR_TIE, assert_no_near_ties
 
 # Mean |log π_T(y|s, c_fresh) − log π_T(y|s)| over the policy tokens of the student's val rollouts,
@@ -52,8 +52,8 @@ def _teacher_tok(bb, prefix, ids, attn, latent=True):
 
 @torch.no_grad()
 def test_fresh_latents_are_zero_and_almost_a_noop(resources):
-    from lopd.cold_start import condition_prefix
-    from lopd.rollout import collate, rollout_batch
+    from lopd.training.cold_start import condition_prefix
+    from lopd.engine.rollout import collate, rollout_batch
 
     bb = resources.bb
     bb.mode("student")
@@ -76,9 +76,9 @@ def test_fresh_latents_are_zero_and_almost_a_noop(resources):
 
 
 def _engine_calls(pol, rows: list[list[int]], cuts: list[int], pad_id: int) -> list[torch.Tensor]:
-    """Drive ``pol`` as lopd.rollout does: two left-padded chunks per row (the first ``cuts[i]``
+    """Drive ``pol`` as lopd.engine.rollout does: two left-padded chunks per row (the first ``cuts[i]``
     tokens, then the rest) through a RaggedKVCache with the cache's own plan; logits per row."""
-    from lopd.kv_cache import RaggedKVCache
+    from lopd.engine.kv_cache import RaggedKVCache
 
     cache = RaggedKVCache(len(rows), 200, torch.device("cpu"))
     got: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -124,8 +124,8 @@ def test_prefixed_policy_rollouts_follow_the_conditioned_teacher(resources):
     """Greedy rollouts of the wrapped teacher pick, at every generated token, the argmax of the
     teacher conditioned on the same prefix; and the fast decoder (which would skip the prefix)
     is not used for the wrapper."""
-    from lopd.fast_decoder import FastDecoder
-    from lopd.rollout import collate, rollout_batch
+    from lopd.engine.fast_decoder import FastDecoder
+    from lopd.engine.rollout import collate, rollout_batch
 
     bb = resources.bb
     tasks = resources.val_tasks[:6]
@@ -147,7 +147,7 @@ def test_prefixed_policy_rollouts_follow_the_conditioned_teacher(resources):
 
 
 def test_prefixed_policy_without_prefix_rolls_out_like_the_teacher(resources):
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
 
     bb = resources.bb
     tasks = resources.val_tasks[:6]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lopd.rollout import rollout_batch
+from lopd.engine.rollout import rollout_batch
 from tests import tiny_policy as tp
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "premise_text.py"

@@ -210,7 +210,7 @@ SMALL = {"tasks_per_step": 4, "val_every": 100, "val_tasks": 2, "checkpoint_ever
 def stage_dirs(resources, tmp_path, monkeypatch):
     """Stage outputs under tmp_path (the root of a params file written there), and the train stage
     reuses the already loaded resources."""
-    import lopd.pipeline.train as train_stage
+    import lopd.stages.train as train_stage
 
     resources.val_tasks = resources.val_tasks[:4]
     monkeypatch.setattr(train_stage, "load_resources", lambda *a, **k: resources)
@@ -219,7 +219,7 @@ def stage_dirs(resources, tmp_path, monkeypatch):
 
 def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage_dirs, monkeypatch, capsys):
     import lopd.training.trainer as trainer_mod
-    import lopd.pipeline.train as train_stage
+    import lopd.stages.train as train_stage
     from lopd.paths import Paths
     from lopd.training.checkpoint import load_checkpoint
     from lopd.cli import main
@@ -306,7 +306,7 @@ def _study(copy: Path, storage: str):
 
     from lopd.config import load_params
     from lopd.paths import Paths
-    from lopd.search.hpo import dep_files, make_storage, study_name
+    from lopd.search.study import dep_files, make_storage, study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = load_params(str(copy / "params.yaml"))
@@ -381,7 +381,7 @@ def test_killed_search_resumes_and_keeps_finished_trials(workspace, tmp_path):
 
 
 def test_non_evaluation_stage_cannot_read_test(workspace, monkeypatch, tmp_path, capsys):
-    import lopd.pipeline.hpo as hpo_stage
+    import lopd.stages.hpo as hpo_stage
     from lopd import data as data_mod
     from lopd.cli import main
 

@@ -73,7 +73,7 @@ def _dvc_yaml(hpo_test: bool) -> dict:
         # code fingerprints of the matrix stages (as in dvc.yaml): no data deps, so nothing to flag
         "code_train": {"cmd": "lopd fingerprint code_train", "deps": ["lopd/data.py", "lopd/training"],
                        "outs": [{"fingerprints/train.json": {"cache": False}}]},
-        "code_evaluate": {"cmd": "lopd fingerprint code_evaluate", "deps": ["lopd/data.py", "lopd/evaluate.py"],
+        "code_evaluate": {"cmd": "lopd fingerprint code_evaluate", "deps": ["lopd/data.py", "lopd/engine/evaluation.py"],
                           "outs": [{"fingerprints/evaluate.json": {"cache": False}}]},
         "train": {"matrix": {"arm": list(ARMS), "seed": [0, 1]},
                   "cmd": "python stages/train.py --arm ${item.arm} --seed ${item.seed}",

@@ -1,4 +1,4 @@
-"""The rollout engine (lopd/rollout.py): greedy token-for-token equivalence with the former
+"""The rollout engine (lopd/engine/rollout.py): greedy token-for-token equivalence with the former
 one-position-per-forward engine (tests/reference_rollout.py), finished sequences leaving
 the batch, one prefill forward per turn, and the ragged cache's positions and masks."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lopd.fast_decoder import FastDecoder
-from lopd.kv_cache import RaggedKVCache, full_sequence_plan
-from lopd.rollout import rollout_batch
+from lopd.engine.fast_decoder import FastDecoder
+from lopd.engine.kv_cache import RaggedKVCache, full_sequence_plan
+from lopd.engine.rollout import rollout_batch
 from tests import tiny_policy as tp
 from tests.near_ties import assert_no_near_ties
 from tests.reference_rollout import rollout_batch as reference_rollout_batch
@@ -83,7 +83,7 @@ def test_without_cache_same_tokens():
 
 
 def test_finished_rows_leave_the_batch_and_turns_prefill_in_one_forward(monkeypatch):
-    import lopd.rollout as engine
+    import lopd.engine.rollout as engine
 
     bb = tp.trained_backbone()
     tasks = tp.tasks(6, 4, seed=5)  # code episodes end after one turn, tool episodes go on
@@ -345,7 +345,7 @@ def test_fused_forward_falls_back_for_mixed_dtypes():
 
 
 def test_large_models_are_not_fused(monkeypatch):
-    import lopd.fast_decoder as fd
+    import lopd.engine.fast_decoder as fd
 
     bb = _lora_backbone("qwen3")
     bb.mode("student")

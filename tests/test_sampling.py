@@ -1,4 +1,4 @@
-"""Counter-based sampling and common random numbers (lopd/sampling.py, lopd/evaluate.py):
+"""Counter-based sampling and common random numbers (lopd/engine/sampling.py, lopd/engine/evaluation.py):
 a row's draws depend only on (its seed, the position) — not on the batch — and they sample
 from softmax(logits / T); evaluation seeds each (task, sample) from (seed, task_id, index)."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lopd.errors import BadInput
-from lopd.evaluate import evaluate_policy, sample_seed
-from lopd.rollout import rollout_batch
-from lopd.sampling import choose_tokens, derive_seed, mix32, uniforms
+from lopd.engine.evaluation import evaluate_policy, sample_seed
+from lopd.engine.rollout import rollout_batch
+from lopd.engine.sampling import choose_tokens, derive_seed, mix32, uniforms
 from tests import tiny_policy as tp
 from tests.near_ties import assert_no_near_ties
 
@@ -31,7 +31,7 @@ def test_mix32_matches_plain_python():
 
 
 def _uniform_python(seed: int, pos: int, v: int) -> float:
-    """lopd.sampling.uniforms of one entry, in plain Python integers (the documented hash)."""
+    """lopd.engine.sampling.uniforms of one entry, in plain Python integers (the documented hash)."""
     m = 2**32 - 1
     state = _mix32_python((seed & m) ^ 0x243F6A88)
     state = _mix32_python(state ^ ((seed >> 32) & m) ^ 0x85A308D3)

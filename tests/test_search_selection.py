@@ -1,4 +1,4 @@
-"""The search's selection (lopd.search.selection, lopd.search.hpo.write_outputs) and its report
+"""The search's selection (lopd.search.selection, lopd.search.study.write_outputs) and its report
 (lopd.analysis.search_report): ties paired over val tasks, the registered tie rule, PRUNED trials,
 the boundary flag, and baseline learning rates tuned on validation only."""
 
@@ -15,7 +15,7 @@ from optuna.trial import TrialState, create_trial
 
 from lopd.analysis.search_report import render_search, search_metrics
 from lopd.errors import RunFailed
-from lopd.search.hpo import write_outputs
+from lopd.search.study import write_outputs
 from lopd.search.selection import TrialScore, paired, select
 from tests.conftest import default_params
 
@@ -126,8 +126,8 @@ def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_run
     writes baselines.yaml, and the final run of sft takes its learning rate from there."""
     from lopd import data as data_mod
     from lopd.arms import get_arm
-    from lopd.pipeline.common import load_resources
-    from lopd.search.hpo import tune_baselines
+    from lopd.stages.common import load_resources
+    from lopd.search.study import tune_baselines
     from lopd.training.run import selected_hparams
 
     p = workspace.params(hpo={"baseline_arms": ["sft"], "lr_choices": [0.001, 0.004], "steps": 1, "val_every": 1,

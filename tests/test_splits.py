@@ -163,7 +163,7 @@ def test_corrupt_manifest(root):
 
 
 def test_stage_prepare_writes_under_the_root_not_the_cwd(tmp_path, monkeypatch, params):
-    import lopd.pipeline.prepare as prepare_stage
+    import lopd.stages.prepare as prepare_stage
     from lopd.paths import Paths
 
     elsewhere = tmp_path / "elsewhere"

@@ -233,8 +233,8 @@ def test_wrong_code_constant_fails_in_sandbox():
 
 
 def test_base_pretraining_uses_pretraining_worlds_only():
-    from lopd.base_policy import pretraining_demos, pretraining_seed, trajectory
-    from lopd.evaluate import make_envs
+    from lopd.training.base_policy import pretraining_demos, pretraining_seed, trajectory
+    from lopd.engine.evaluation import make_envs
 
     # 254 target worlds leave 2 names for 8 pretraining worlds: each name is shared by 4 worlds
     p = default_params({"envs": {"n_target_worlds": 254, "n_pretrain_worlds": 8},
@@ -269,7 +269,7 @@ def test_base_pretraining_uses_pretraining_worlds_only():
 def test_encode_demo_masks():
     """The loss is on the demo's assistant tokens, and with context_loss also on the context
     trajectories' assistant tokens; never on prompts, observations, headers or <|exp|>."""
-    from lopd.base_policy import Demo, encode_demo
+    from lopd.training.base_policy import Demo, encode_demo
     from lopd.model.chat import ChatFormat
     from lopd.model.tokenizer import build_tokenizer, env_vocabulary
 

@@ -33,7 +33,7 @@ def tokenizer():
 
 @lru_cache(maxsize=None)
 def envs() -> dict:
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
 
     return make_envs(params())
 
@@ -58,7 +58,7 @@ def trained_backbone(steps: int = 400):
     """A tiny qwen3 trained briefly on scripted demonstrations (400 steps, 5% noise: with the
     `as`/`in` markers the 200-step, 20%-noise policy of before solved none of the test's tasks),
     wrapped in the LoRA backbone with a random (non-zero) student adapter, in student mode."""
-    from lopd.base_policy import pretraining_demos, train_on_demos
+    from lopd.training.base_policy import pretraining_demos, train_on_demos
     from lopd.model.backbone import Backbone
 
     p = params()

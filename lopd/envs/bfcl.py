@@ -1,7 +1,7 @@
 """BFCL (Berkeley Function Calling Leaderboard) as an evaluation-only domain.
 
-Real benchmark data, fetched by :func:`lopd.external.fetch_bfcl` into
-``data/external/bfcl/`` (see :func:`lopd.external.bfcl_dir`). Supported categories:
+Real benchmark data, fetched by :func:`lopd.envs.external.fetch_bfcl` into
+``data/external/bfcl/`` (see :func:`lopd.envs.external.bfcl_dir`). Supported categories:
 ``simple`` (``BFCL_v4_simple_python``: one function documented, one call expected) and
 ``multiple`` (``BFCL_v4_multiple``: several functions documented, one call to the right one).
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from lopd.envs.base import SingleActionEpisode, Task, task_rng
 from lopd.errors import BadInput
-from lopd.external import BFCL_CATEGORIES, bfcl_dir
+from lopd.envs.external import BFCL_CATEGORIES, bfcl_dir
 
 ANSWER_FORMAT = ("Answer with exactly one function call in Python syntax, using keyword "
                  "arguments: func_name(param1=value1, param2=value2)")

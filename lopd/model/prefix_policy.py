@@ -1,6 +1,6 @@
 """The conditioned teacher as a *policy*: a causal LM that sees a fixed embedding prefix.
 
-:class:`PrefixedPolicy` wraps a Hugging Face causal LM so that :func:`lopd.rollout.rollout_batch`
+:class:`PrefixedPolicy` wraps a Hugging Face causal LM so that :func:`lopd.engine.rollout.rollout_batch`
 rolls out the teacher conditioned on a prefix of embeddings — the composer's latents ``c_φ`` or
 the embedded text of retrieved trajectories — without knowing about it. Conventions are those of
 :meth:`lopd.model.backbone.Backbone.teacher_logits`:
@@ -13,21 +13,21 @@ the embedded text of retrieved trajectories — without knowing about it. Conven
 * ``prefix_mask`` marks the real prefix entries (0 on left padding; a text prefix only — every row of
   a latent prefix holds the same ``L = n_ret·K`` latents).
 
-How it plugs into the rollout engine (``lopd.rollout``: chunks left-padded to a common width, a
-:class:`~lopd.kv_cache.RaggedKVCache`, explicit position ids and a 4-D mask). ``forward`` takes
+How it plugs into the rollout engine (``lopd.engine.rollout``: chunks left-padded to a common width, a
+:class:`~lopd.engine.kv_cache.RaggedKVCache`, explicit position ids and a 4-D mask). ``forward`` takes
 what the engine passes — ``input_ids (B, W)``, ``attention_mask (B, 1, W, S)`` (a real query's
 row is true somewhere past the cache's scratch slot 0), ``position_ids (B, W)``, ``cache``,
 ``use_cache``, ``logits_to_keep`` — and:
 
 * on the first call of a cache (no layer filled yet) it prepends each row's prefix to the row's
   real tokens, re-left-pads, grows the cache's capacity by ``L``, and re-plans the chunk with the
-  cache's own :meth:`~lopd.kv_cache.RaggedKVCache.plan` (so the engine's ``commit`` caches prefix
+  cache's own :meth:`~lopd.engine.kv_cache.RaggedKVCache.plan` (so the engine's ``commit`` caches prefix
   and prompt together); the batch must then be the prefix's ``B`` rows, in order;
 * on later calls the prefix is in the cache; for a latent prefix the engine's positions (which
   count the ``L`` cached prefix entries) are shifted back by ``L``;
 * it returns the wrapped model's output with ``logits`` over the caller's ``W`` columns.
 
-Rows that finish leave the batch through the cache (:meth:`~lopd.kv_cache.RaggedKVCache.keep`);
+Rows that finish leave the batch through the cache (:meth:`~lopd.engine.kv_cache.RaggedKVCache.keep`);
 nothing here is per row after the first call. Rollouts without the KV cache are refused (the
 engine drops finished rows, and a cache-less call would need to know which rows remain).
 The wrapper hides ``config``/``get_base_model`` so the engine's fast decoder — which reads the
@@ -47,7 +47,7 @@ class PrefixedPolicy(nn.Module):
     def __init__(self, model: nn.Module, prefix: torch.Tensor | None, prefix_mask: torch.Tensor | None = None, *,
                  latent: bool = True, prepare: Callable[[], object] | None = None):
         super().__init__()
-        from lopd.rollout import _cache_kw
+        from lopd.engine.rollout import _cache_kw
 
         self.model = model
         self.model_cache_kw = _cache_kw(model)

@@ -41,10 +41,10 @@ from lopd.arms import ArmSpec
 from lopd.bank import ExperienceBank
 from lopd.envs.base import Task
 from lopd.errors import BadInput, RunFailed
-from lopd.evaluate import evaluate_policy
+from lopd.engine.evaluation import evaluate_policy
 from lopd.model.backbone import Backbone
 from lopd.model.composer import Composer
-from lopd.rollout import collate, rollout_batch
+from lopd.engine.rollout import collate, rollout_batch
 from lopd.training.checkpoint import restore_trainer, save_trainer
 from lopd.training.context import ContextBuilder
 

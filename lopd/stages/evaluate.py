@@ -7,12 +7,12 @@ from lopd import data as data_mod
 from lopd.config import Params
 from lopd.errors import BadInput
 from lopd.paths import Paths
-from lopd.pipeline.common import splits_read, write_side
+from lopd.stages.common import splits_read, write_side
 from lopd.utils import write_json
 
 
 def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
-    from lopd.evaluate import evaluate_policy
+    from lopd.engine.evaluation import evaluate_policy
 
     ev = params.evaluate
     return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
@@ -36,7 +36,7 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
     from lopd.arms import get_arm
     from lopd.training.checkpoint import load_tensors_verified
     from lopd.envs import make_env
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.model.backbone import load_student_policy
     from lopd.utils import seed_everything
 

@@ -2,7 +2,7 @@
 
 LOPD rests on a premise: some context makes the frozen teacher better than the student on the
 student's own prefixes, and it is the *content* of retrieved experience that does it. The probe
-(:func:`lopd.cold_start.privilege_probe`) measures, on val tasks, for each condition
+(:func:`lopd.training.cold_start.privilege_probe`) measures, on val tasks, for each condition
 
     student · relevant · shuffled · unrelated · none · text
 

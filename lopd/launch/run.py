@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 from lopd.errors import BadInput
-from lopd.launch_plan import Plan, read_plan, ready_stages
-from lopd.launch_job import dvc_env, event, run_job, run_logged, stages_run
-from lopd.launch_worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
+from lopd.launch.plan import Plan, read_plan, ready_stages
+from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
+from lopd.launch.worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
                                   remove_worktree)
 
 ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path

@@ -6,14 +6,14 @@ import time
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import experience_task, load_backbone, task_embeddings, write_side
+from lopd.stages.common import experience_task, load_backbone, task_embeddings, write_side
 from lopd.utils import write_json
 
 
 def run(params: Params, paths: Paths) -> dict:
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import save_tensors
-    from lopd.cold_start import cold_start
+    from lopd.training.cold_start import cold_start
     from lopd.tracking import Tracker
     from lopd.utils import progress
 

@@ -13,7 +13,7 @@ use are unzipped into ``data/external/bfcl/``::
 
 Command line (what ``make external-data`` runs)::
 
-    python -m lopd.external [DEST]
+    python -m lopd.envs.external [DEST]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ BFCL_DEFAULT_DIR = Path("data/external/bfcl")
 BFCL_ENV_VAR = "LOPD_BFCL_DIR"
 # BFCL category (our name) -> file stem inside bfcl_eval/data/
 BFCL_CATEGORIES = {"simple": "BFCL_v4_simple_python", "multiple": "BFCL_v4_multiple"}
-FETCH_COMMAND = "make external-data  (or: python -m lopd.external data/external/bfcl)"
+FETCH_COMMAND = "make external-data  (or: python -m lopd.envs.external data/external/bfcl)"
 
 _NETWORK_MARKERS = (
     "NewConnectionError", "ConnectionError", "Max retries exceeded", "Name or service not known",

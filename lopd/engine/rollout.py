@@ -6,13 +6,13 @@ that need no decision — the prompt, an observation and the role header after i
 model. Every forward pass feeds each live row its whole pending *chunk* (the prompt; or the
 token it just sampled, followed by the observation if that token closed the turn), so a
 turn's prefill costs one forward. Chunks are left-padded to a common width; the
-:class:`~lopd.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
+:class:`~lopd.engine.kv_cache.RaggedKVCache` keeps every row's keys contiguous at its own length
 and gives the model explicit position ids and a 4-D mask, so padding is never attended to.
-For Llama-family models the forward is :class:`~lopd.fast_decoder.FastDecoder` (the same
+For Llama-family models the forward is :class:`~lopd.engine.fast_decoder.FastDecoder` (the same
 arithmetic as the Hugging Face + peft forward, without its per-call Python overhead), fed
 the chunks *packed* instead: only real tokens go through the model (a step where a few rows
 prefill an observation would otherwise run every row at that observation's width).
-The next token of every row is chosen at once (:func:`lopd.sampling.choose_tokens`):
+The next token of every row is chosen at once (:func:`lopd.engine.sampling.choose_tokens`):
 ``argmax`` when greedy, else a Gumbel-max draw keyed by (row seed, position) — a row's draws
 do not depend on the other rows of the batch. A finished row (episode over, or ``max_len``
 tokens) leaves the batch at once: its cache rows are dropped and, when its reward runs a
@@ -34,10 +34,10 @@ import torch
 
 from lopd.envs.base import Episode, Task
 from lopd.envs.sandboxed import SandboxedEpisode
-from lopd.fast_decoder import FastDecoder
-from lopd.kv_cache import RaggedKVCache, full_sequence_plan
+from lopd.engine.fast_decoder import FastDecoder
+from lopd.engine.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.model.chat import ChatFormat
-from lopd.sampling import choose_tokens, seed_states, seeds_from_generator
+from lopd.engine.sampling import choose_tokens, seed_states, seeds_from_generator
 
 ENGINES = ("auto", "hf")
 SCORING_WORKERS = 4  # episodes scored concurrently (each sandboxed program is its own process)
@@ -166,7 +166,7 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     (``greedy=False``) draws row ``i``'s token at position ``p`` from ``softmax(logits / T)``
     with random numbers keyed by ``(seeds[i], p)`` only; without ``seeds`` the row seeds are
     drawn from ``generator``. ``use_cache=False`` recomputes whole sequences every step.
-    ``engine``: ``"auto"`` runs the lean :class:`~lopd.fast_decoder.FastDecoder` forward where
+    ``engine``: ``"auto"`` runs the lean :class:`~lopd.engine.fast_decoder.FastDecoder` forward where
     it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
     ``cpu_threads``: torch's intra-op threads while decoding on a CPU (restored afterwards;
     ``None`` keeps the caller's). One by default: a decoding step is many tiny operations

@@ -17,8 +17,8 @@ from collections import defaultdict
 from lopd.envs import make_env
 from lopd.envs.base import Task
 from lopd.errors import BadInput
-from lopd.rollout import Rollout, rollout_batch
-from lopd.sampling import derive_seed
+from lopd.engine.rollout import Rollout, rollout_batch
+from lopd.engine.sampling import derive_seed
 
 
 def make_envs(params) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import load_resources, splits_read
+from lopd.stages.common import load_resources, splits_read
 from lopd.utils import write_csv, write_json
 
 GRID_COLUMNS = ["axis", "margin", "K", "n_ret", "lr_student", "seed", "val_reward"]

@@ -89,11 +89,11 @@ def event(path: str | Path, kind: str, **fields) -> None:
 
 
 def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
-    """Run ``cmd`` under :mod:`lopd.launch_guard` in a new process group, output to ``fh``. An
+    """Run ``cmd`` under :mod:`lopd.launch.guard` in a new process group, output to ``fh``. An
     interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
     stage command outlives its job. ``on_start`` gets the group id."""
     print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
-    guard = [sys.executable, str(Path(__file__).with_name("launch_guard.py"))]
+    guard = [sys.executable, str(Path(__file__).with_name("guard.py"))]
     proc = subprocess.Popen(guard + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                             start_new_session=True)
     if on_start is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import load_resources, splits_read, write_side
+from lopd.stages.common import load_resources, splits_read, write_side
 from lopd.utils import write_json
 
 
@@ -20,9 +20,9 @@ def _track(params: Params, paths: Paths, out: dict) -> None:
 
 
 def run(params: Params, paths: Paths) -> dict:
-    """The premise gate (lopd.premise) on val at the selected K and n_ret, with φ0."""
+    """The premise gate (lopd.analysis.premise) on val at the selected K and n_ret, with φ0."""
     from lopd.arms import get_arm
-    from lopd.cold_start import privilege_probe
+    from lopd.training.cold_start import privilege_probe
     from lopd.model.composer import Composer
     from lopd.training.checkpoint import load_tensors_verified
     from lopd.training.run import selected_hparams

@@ -7,13 +7,13 @@ import time
 from lopd import data as data_mod
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import splits_read, write_side
+from lopd.stages.common import splits_read, write_side
 from lopd.utils import write_json
 
 
 def _train_tiny(params: Params, paths: Paths, envs, tracker) -> tuple:
     """Pretrain the tiny model on the pretraining worlds (never on a split)."""
-    from lopd.base_policy import save_base, train_base_policy
+    from lopd.training.base_policy import save_base, train_base_policy
     from lopd.utils import progress
 
     with progress() as prog:
@@ -44,7 +44,7 @@ def _fingerprint_real(params: Params, paths: Paths) -> tuple:
 
 
 def run(params: Params, paths: Paths) -> dict:
-    from lopd.evaluate import evaluate_policy, make_envs
+    from lopd.engine.evaluation import evaluate_policy, make_envs
     from lopd.model.chat import ChatFormat
     from lopd.tracking import Tracker
     from lopd.utils import seed_everything

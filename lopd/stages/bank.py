@@ -7,14 +7,14 @@ from lopd import data as data_mod
 from lopd.config import Params
 from lopd.errors import RunFailed
 from lopd.paths import Paths
-from lopd.pipeline.common import experience_task, load_backbone, splits_read
+from lopd.stages.common import experience_task, load_backbone, splits_read
 
 
 def _successes(params: Params, bb, envs, train) -> list:
     import torch
 
     from lopd.bank import Experience
-    from lopd.rollout import rollout_batch
+    from lopd.engine.rollout import rollout_batch
     from lopd.utils import progress
 
     bp, ev = params.bank, params.evaluate
@@ -44,7 +44,7 @@ def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
 
 
 def run(params: Params, paths: Paths) -> dict:
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.utils import seed_everything
 
     bp = params.bank

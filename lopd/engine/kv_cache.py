@@ -15,7 +15,7 @@ Face models take a 4-D mask as given, call :meth:`update` once per layer (which 
 the chunk into the buffer and returns the first ``W`` slots), and :meth:`commit` then
 advances the lengths. :meth:`keep` drops the rows of finished sequences.
 
-:meth:`packed` serves the lean forward (:class:`~lopd.fast_decoder.FastDecoder`) without
+:meth:`packed` serves the lean forward (:class:`~lopd.engine.fast_decoder.FastDecoder`) without
 padding: the chunks' real tokens are packed into one sequence of ``N = Σ n_i`` tokens (so
 linear maps, norms and rotary see no padding columns, which at a step where one row
 prefills an observation would otherwise multiply the work of all rows). Attention runs in

@@ -21,7 +21,7 @@ pick. The composer starts as a near no-op (zero latents, :mod:`lopd.model.compos
 
 **Privilege probe.** :func:`privilege_probe` measures the teacher under every context condition
 as a policy (rollout reward) and as a scorer of the student's own rollouts (δ), and applies the
-pre-registered rule of :mod:`lopd.premise`.
+pre-registered rule of :mod:`lopd.analysis.premise`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from lopd.bank import ExperienceBank
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
 from lopd.training.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
-from lopd.rollout import collate, pad_sequences, rollout_batch
+from lopd.engine.rollout import collate, pad_sequences, rollout_batch
 
 
 def text_context(bb, experiences: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +150,7 @@ def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int,
     """One batch of one sample index: every condition rolled out with the same sampling seeds
     (row seed = ``sample_seed(seed, task, sample)``: common random numbers), and every teacher's δ
     on the student's rollouts; appends rows to ``rewards`` and ``deltas``."""
-    from lopd.evaluate import sample_seed
+    from lopd.engine.evaluation import sample_seed
 
     seeds = [sample_seed(seed, t.task_id, sample) for t in tasks]
     bb.model.eval()
@@ -172,9 +172,9 @@ def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int,
 def privilege_probe(bb, comp: Composer, bank: ExperienceBank, tasks, envs, task_emb: dict, *, K: int, n_ret: int,
                     pp, ev, max_len: int, progress=None) -> dict:
     """The premise gate on ``tasks`` (val): reward and δ per condition with intervals, and
-    ``premise_holds`` by the rule of :mod:`lopd.premise` (``pp`` = the ``probe`` params section,
+    ``premise_holds`` by the rule of :mod:`lopd.analysis.premise` (``pp`` = the ``probe`` params section,
     ``ev`` = the ``evaluate`` section: sampling temperature, turn length, batch size)."""
-    from lopd.premise import (CONDITIONS, DELTA_PAIRS, REWARD_PAIRS, TEACHERS, compare, per_task_delta,
+    from lopd.analysis.premise import (CONDITIONS, DELTA_PAIRS, REWARD_PAIRS, TEACHERS, compare, per_task_delta,
                               per_task_reward, premise_rule)
 
     rollout_kw = dict(max_new_tokens=ev.max_new_tokens, max_len=max_len, greedy=ev.greedy, temperature=ev.temperature)

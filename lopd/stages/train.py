@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import load_resources, write_side
+from lopd.stages.common import load_resources, write_side
 
 
 def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:

@@ -283,7 +283,7 @@ class FastDecoder:
 
     def packed(self, ids: torch.Tensor, plan, cache) -> torch.Tensor:
         """Logits (B, V) at each row's last token, from the rows' real tokens ``ids`` (N,) packed
-        in row order (``plan``: :meth:`~lopd.kv_cache.RaggedKVCache.packed`); no padding is
+        in row order (``plan``: :meth:`~lopd.engine.kv_cache.RaggedKVCache.packed`); no padding is
         computed. The last layer needs only the rows' last tokens past its keys and values.
 
         Per layer this is a handful of operations: q, k and v as one matmul (their adapters' A

@@ -33,7 +33,7 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     """Backbone, bank, φ0 and the train/val tasks shared by every run of a process."""
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import load_tensors_verified
-    from lopd.evaluate import make_envs
+    from lopd.engine.evaluation import make_envs
     from lopd.training.trainer import Resources
 
     bb = load_backbone(params, paths)

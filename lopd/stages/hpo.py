@@ -7,12 +7,12 @@ import time
 
 from lopd.config import Params
 from lopd.paths import Paths
-from lopd.pipeline.common import load_resources, splits_read, write_side
+from lopd.stages.common import load_resources, splits_read, write_side
 
 
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
-    from lopd.search.hpo import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
+    from lopd.search.study import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
                                  write_result)
     from lopd.tracking import Tracker
 
