@@ -3,7 +3,7 @@
     python bench/mlflow_overhead.py [--step-ms MS] [--steps N] [--runs R]
 
 A training step is simulated by ``time.sleep`` of the step time; around it, the tracker is used
-exactly as the trainer uses it: one row of the 11 history metrics per step (``val_reward`` every
+exactly as the trainer uses it: one row of the 11 history metrics per step (``val/reward`` every
 ``train.val_every`` steps), a flush at every checkpoint (``train.checkpoint_every``) and at the
 end, parameters once, and the run created and ended. ``N`` defaults to ``train.steps`` of
 params.yaml. The step time is, unless ``--step-ms`` gives it, measured here as bench/step.py
@@ -36,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-METRICS = ("rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac", "anchor",
-           "tail_mass", "n_supervised", "val_reward")  # HISTORY_COLUMNS less step and seconds
+from lopd.tracking.names import HISTORY_METRICS  # noqa: E402
+
+METRICS = tuple(HISTORY_METRICS.values())  # the trainer's per-step MLflow names (HISTORY_COLUMNS less step, seconds)
 
 
 def measure_step_ms() -> float:
@@ -125,7 +126,7 @@ def one_run(params, step_s: float, steps: int, track: bool) -> dict:
         sleep_s += time.perf_counter() - t
         row = {k: 0.5 * step for k in METRICS}
         if step % train.val_every:
-            row["val_reward"] = None
+            row["val/reward"] = None
         if tr is not None:
             tr.log_metrics(row, step)
             if step % train.checkpoint_every == 0 or step == steps:

@@ -175,7 +175,7 @@ def test_resume_after_kill_marks_stale_mlflow_run(train_copies):
     client = MlflowClient(tracking_uri=f"sqlite:///{c / 'mlflow.db'}")
     exp = client.get_experiment_by_name("lopd")
     runs = [r for r in client.search_runs([exp.experiment_id], filter_string="tags.stage = 'train'")
-            if r.info.run_name == "lopd-0" and r.info.start_time >= tc["t_start"]]
+            if r.info.run_name == "lopd · seed 0" and r.info.start_time >= tc["t_start"]]
     old = [r for r in runs if r.info.run_id != new_id]
     assert len(old) == 1, [(r.info.run_id, r.info.status) for r in runs]
     assert old[0].info.status in ("KILLED", "FAILED")

@@ -35,7 +35,7 @@ def test_lopd_run_logs_signals_every_step_and_provenance_tags(tracked_run):
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(r["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    for key in ("delta_phi", "beta", "margin_sat_frac"):
+    for key in ("margin/delta_phi", "margin/beta", "margin/sat_frac", "train/reward", "train/loss"):
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
         assert set(range(1, STEPS + 1)) <= set(steps), f"{key} logged at steps {steps}"
         assert len([s for s in steps if s >= 1]) == STEPS, f"{key} logged more than once per step: {steps}"
@@ -45,7 +45,13 @@ def test_lopd_run_logs_signals_every_step_and_provenance_tags(tracked_run):
     assert tags["stage"] == "train" and tags["arm"] == "lopd" and tags["seed"] == "0"
     assert tags["bank_mode"] == "relevant"
     assert tags["params_hash"] == r["params_hash"]
-    assert client.get_metric_history(run.info.run_id, "final_val_reward")
+    assert run.data.metrics["final/val_reward"] == r["val_reward"]
+    assert run.data.metrics["final/beta"] == r["beta_final"]
+    assert run.info.run_name == "lopd · seed 0"
+    assert tags["dvc.exp_name"] == "workspace" and tags["dvc.rev"] == tags["git_commit"]
+    assert {"val/reward"} <= set(run.data.metrics), sorted(run.data.metrics)
+    assert not [k for k in run.data.metrics if "/" not in k], sorted(run.data.metrics)  # every name namespaced
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["history.csv", "result.json"]
 
 
 def test_runs_of_dead_processes_on_this_host_are_marked_killed(tmp_path):

@@ -170,6 +170,40 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
     assert where.startswith(os.path.realpath("mlartifacts"))  # beside mlflow.db, not ./mlruns
 
 
+def test_runs_name_and_tag_their_dvc_experiment(make_params, monkeypatch):
+    """Under ``dvc exp run`` (DVC_EXP_NAME, DVC_EXP_BASELINE_REV set for each stage) the parent is
+    named after the experiment and commit, and every run carries both as tags."""
+    from lopd.tracking import EXPERIMENT_KEY_TAG, git_commit
+
+    monkeypatch.setenv("DVC_EXP_NAME", "lucky-dove")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "f" * 40)
+    params = make_params()
+    _stage(params, "lopd · seed 0", {"stage": "train"}).end()
+    runs = _runs(params)
+    parent = next(r for r in runs if EXPERIMENT_KEY_TAG in r.data.tags)
+    key = parent.data.tags[EXPERIMENT_KEY_TAG]
+    assert parent.info.run_name == f"lucky-dove @ {git_commit()[:7]} · params {key[:8]}"
+    assert {(r.data.tags["dvc.exp_name"], r.data.tags["dvc.rev"]) for r in runs} == {("lucky-dove", "f" * 40)}
+    assert {r.info.run_name for r in runs} == {parent.info.run_name, "lopd · seed 0"}
+
+
+def test_test_metrics_are_mirrored_onto_the_training_run(make_params, capsys):
+    from mlflow import MlflowClient
+
+    from lopd.tracking import log_to_training_run
+
+    params = make_params()
+    train = _stage(params, "lopd · seed 0", {"stage": "train"})
+    train.end()
+    _stage(params, "lopd · seed 1", {"stage": "train", "seed": 1}).end()
+    assert log_to_training_run(params, "lopd", 0, {"test/reward": 0.25, "test/benchmark/x": float("nan")}) == "ok"
+    metrics = MlflowClient(tracking_uri=params.tracking.uri).get_run(train.run_id).data.metrics
+    assert metrics["test/reward"] == 0.25 and "test/benchmark/x" not in metrics
+    assert log_to_training_run(params, "lopd", 7, {"test/reward": 0.5}).startswith(
+        "failed: LookupError: no finished MLflow training run of lopd seed 7")
+    assert "WARNING: MLflow tracking" in capsys.readouterr().err
+
+
 def test_tree_check_catches_an_orphan_and_a_missing_report(make_params):
     from mlflow import MlflowClient
 
@@ -357,3 +391,68 @@ def test_missing_report_artifact_is_bad_input(make_params):
 
     with pytest.raises(BadInput, match="reports/nothing.md"):
         log_report_artifacts(make_params(), ["reports/nothing.md"])
+
+
+# --------------------------------------------------------------------------- the smoke pipeline's store
+_READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
+    "experiment": r"workspace @ [0-9a-f]{7} · params [0-9a-f]{8}",
+    "base": "base", "cold_start": "cold start", "probe": "probe",
+    "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+",
+    "hpo-baselines": r"baseline \w+ · lr=\S+ · seed \d+",
+    "sensitivity": r"sensitivity( · (margin|K|n_ret)=\S+ · seed \d+)?",
+    "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+"}
+
+
+def test_smoke_pipeline_store_reads_as_one_named_tree(smoke_recorded, tmp_path):
+    """After the shared smoke pipeline, through MlflowClient: names distinct and readable, one tree,
+    the DVC experiment on every run, namespaced metrics, each training run's files as artifacts."""
+    import re
+    import subprocess
+
+    import yaml
+    from mlflow import MlflowClient
+
+    repo = smoke_recorded.repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    runs = assert_one_tree(uri, params["tracking"]["experiment"], ["reports/main_table.md"])
+    names = [r.info.run_name for r in runs.values()]
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+    for r in runs.values():
+        stage = r.data.tags["stage"]
+        assert re.fullmatch(_READABLE[stage], r.info.run_name), (stage, r.info.run_name)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    dvc_tags = {(r.data.tags.get("dvc.exp_name"), r.data.tags.get("dvc.rev")) for r in runs.values()}
+    assert dvc_tags == {("workspace", commit)}, dvc_tags
+    by_stage: dict[str, list] = {}
+    for r in runs.values():
+        by_stage.setdefault(r.data.tags["stage"], []).append(r)
+    assert len(by_stage["sensitivity"]) == 1 + 3  # the grid's holder and its margin, K and n_ret runs
+    holder = next(r for r in by_stage["sensitivity"] if r.info.run_name == "sensitivity")
+    grid = [r for r in by_stage["sensitivity"] if r is not holder]
+    assert {r.data.tags["mlflow.parentRunId"] for r in grid} == {holder.info.run_id}
+    trials = [r for r in by_stage["hpo"] if "trial" in r.data.tags]
+    assert len(trials) == params["hpo"]["n_trials"], [r.info.run_name for r in trials]
+
+    final = by_stage["train"]
+    tp = params["train"]
+    jobs = [(a, s) for a in tp["arms"] for s in tp["seeds"]]
+    jobs += [(a, s) for a in tp["extra_arms"] for s in tp["extra_seeds"]]
+    assert sorted((r.data.params["arm"], r.data.params["seed"]) for r in final) == sorted((a, str(s)) for a, s in jobs)
+    for r in final:  # the runs table's columns: arm, seed, test reward, final β
+        assert {"test/reward", "final/val_reward", "val/reward"} <= set(r.data.metrics), \
+            (r.info.run_name, r.data.metrics)
+        assert r.data.params["arm"] == r.data.tags["arm"] and r.data.params["seed"] == r.data.tags["seed"]
+    lopd_run = next(r for r in final if r.data.tags["arm"] == "lopd")
+    assert {"train/reward", "train/loss", "margin/delta_phi", "margin/beta", "margin/sat_frac", "final/beta"} <= \
+        set(lopd_run.data.metrics), sorted(lopd_run.data.metrics)
+    for r in runs.values():
+        assert all("/" in k for k in r.data.metrics), (r.info.run_name, sorted(r.data.metrics))
+
+    c = MlflowClient(tracking_uri=uri)
+    for r in [*trials, *grid, *(r for s in ("train", "hpo-baselines") for r in by_stage[s])]:
+        files = {a.path for a in c.list_artifacts(r.info.run_id)}
+        assert {"history.csv", "result.json"} <= files, (r.info.run_name, files)
+    got = c.download_artifacts(lopd_run.info.run_id, "history.csv", str(tmp_path))
+    arm, seed = lopd_run.data.tags["arm"], lopd_run.data.tags["seed"]
+    assert open(got).read() == (repo / f"runs/{arm}-{seed}/history.csv").read_text()

@@ -102,7 +102,9 @@ def _fail_stale_trials(study) -> int:
 
 
 def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
-               worker: bool = False, parent_tracker=None, trial_fn=None) -> "optuna.Study":  # noqa: F821
+               worker: bool = False, parent_tracker=None, trial_fn=None, callbacks=()) -> "optuna.Study":  # noqa: F821
+    """The search's study, run until ``n_trials`` (default ``hpo.n_trials``) trials are finished;
+    ``callbacks`` go to ``study.optimize`` (the stage's progress bar)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -124,19 +126,21 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
         return target - len(study.get_trials(deepcopy=False, states=finished))
 
     if worker:  # a worker runs its own quota of trials on the shared study
-        study.optimize(objective, n_trials=target, catch=())
+        study.optimize(objective, n_trials=target, catch=(), callbacks=list(callbacks))
         return study
     while remaining() > 0:
         # the sampler's random stream depends on how many trials are finished, not on how often the
         # search was restarted: a search killed and resumed proposes what an uninterrupted one would
         n_done = len(study.get_trials(deepcopy=False, states=finished))
         study.sampler = optuna.samplers.TPESampler(seed=hp.seed + n_done, n_startup_trials=min(8, hp.n_trials))
-        study.optimize(objective, n_trials=1, catch=())
+        study.optimize(objective, n_trials=1, catch=(), callbacks=list(callbacks))
     return study
 
 
 def _objective(trial, params, res, parent_tracker) -> float:
     import optuna
+
+    from lopd.tracking.names import trial_run
 
     hp = params.hpo
     point = {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
@@ -152,21 +156,23 @@ def _objective(trial, params, res, parent_tracker) -> float:
                 raise optuna.TrialPruned()
 
         r = _val_run(params, res, "lopd", 1000 + s, {**point, "steps": steps, "val_every": hp.val_every},
-                     {"stage": "hpo", "trial": trial.number, "split": "val"}, parent_tracker, on_val)
+                     {"stage": "hpo", "trial": trial.number, "split": "val"}, parent_tracker, on_val,
+                     run_name=trial_run(trial.number, point, 1000 + s if hp.seeds_per_trial > 1 else None))
         vals.append(r["val_reward"])
         per_task.append(r["val_per_task"])
     trial.set_user_attr("val_per_task", [sum(x) / len(x) for x in zip(*per_task)])
     return sum(vals) / len(vals)
 
 
-def _val_run(params, res, arm: str, seed: int, hp_over: dict, tags: dict, parent_tracker, on_val=None) -> dict:
+def _val_run(params, res, arm: str, seed: int, hp_over: dict, tags: dict, parent_tracker, on_val=None,
+             run_name: str | None = None) -> dict:
     """One validation-only training run in a scratch directory; its result (val reward, per-task rewards)."""
     from lopd.training.run import run_arm
 
     tmp = Path(tempfile.mkdtemp(prefix=f"{arm}-val-"))
     try:
         r, _ = run_arm(params, res, arm, seed, tmp, ckpt_dir=None, tags=tags, hp_over=hp_over, on_val=on_val,
-                       parent_run_id=parent_tracker.run_id if parent_tracker else None)
+                       parent_run_id=parent_tracker.run_id if parent_tracker else None, run_name=run_name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return r
@@ -178,6 +184,7 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -
     them). Selected: the highest mean val reward, the smaller rate among equal ones. Writes
     ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> lr_student, value, values by rate)."""
     from lopd.arms import get_arm
+    from lopd.tracking.names import baseline_run
 
     hp, steps = params.hpo, horizon(params)
     rows, chosen = [], {}
@@ -189,7 +196,8 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -
             for s in range(hp.seeds_per_trial):
                 r = _val_run(params, res, arm, 1000 + s, {**fixed, "lr_student": lr, "steps": steps,
                                                            "val_every": hp.val_every},
-                             {"stage": "hpo-baselines", "split": "val", "lr_student": lr}, parent_tracker)
+                             {"stage": "hpo-baselines", "split": "val", "lr_student": lr}, parent_tracker,
+                             run_name=baseline_run(arm, lr, 1000 + s))
                 vals.append(r["val_reward"])
                 rows.append({"arm": arm, "lr_student": lr, "seed": 1000 + s, "val_reward": r["val_reward"]})
             means[lr] = sum(vals) / len(vals)

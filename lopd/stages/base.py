@@ -21,7 +21,7 @@ def _train_tiny(params: Params, paths: Paths, envs, tracker) -> tuple:
 
         def on_step(step, loss):
             prog.update(bar, advance=1, info=f"loss {loss:.3f}")
-            tracker.log_metrics({"train_loss": loss}, step)
+            tracker.log_metrics({"train/loss": loss}, step)
 
         model, tok, info = train_base_policy(params, envs, on_step=on_step)
     save_base(model, tok, paths.base / "model")
@@ -67,7 +67,7 @@ def run(params: Params, paths: Paths) -> dict:
                           temperature=ev.temperature, seed=bp.seed)
     result = {"stage": "base", "seed": bp.seed, **info, "val_reward": res["mean"],
               "val_reward_by_domain": res["by_domain"], "splits_read": splits_read()}
-    tracker.log_metrics({"val_reward": res["mean"], **{f"val_reward_{d}": v for d, v in res["by_domain"].items()}}, 0)
+    tracker.log_metrics({"val/reward": res["mean"], **{f"val/reward/{d}": v for d, v in res["by_domain"].items()}}, 0)
     tracker.end()
     write_json(paths.results / "base" / "val_rewards.json", res["per_task"])
     write_json(paths.results / "base" / "result.json", result)

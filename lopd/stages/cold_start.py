@@ -21,7 +21,7 @@ def run(params: Params, paths: Paths) -> dict:
     bb = load_backbone(params, paths)
     bank = ExperienceBank.load(paths.bank)
     emb = task_embeddings(params, bb, [experience_task(e) for e in bank.entries])
-    tracker = Tracker(params, "cold_start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
+    tracker = Tracker(params, "cold start", {"stage": "cold_start", "arm": "lopd", "seed": cp.seed,
                                                       "split": "train", "bank_mode": "relevant",
                                                       "params_hash": params.section_hash("model", "bank", "cold_start")})
     k_choices = sorted(set(params.hpo.k_choices) | {params.train.K})
@@ -31,7 +31,7 @@ def run(params: Params, paths: Paths) -> dict:
 
         def on_step(step, row):
             prog.update(bar, advance=1, info=f"teacher NLL {row['nll']:.3f}")
-            tracker.log_metrics({f"cold_start_{k}": v for k, v in row.items()}, step)
+            tracker.log_metrics({f"cold_start/{k}": v for k, v in row.items()}, step)
 
         comp, rows = cold_start(bb, bank, emb, cp, k_choices=k_choices, on_step=on_step)
     save_tensors(paths.cold_start / "phi0.safetensors", comp.state())

@@ -11,25 +11,37 @@ from lopd.stages.common import splits_read, write_side
 from lopd.utils import write_json
 
 
-def _evaluate(params: Params, model, fmt, envs, tasks, seed: int) -> dict:
+def _evaluate(params: Params, model, fmt, envs, tasks, seed: int, label: str) -> dict:
+    """``evaluate_policy`` on ``tasks``, with a progress bar over its batches."""
     from lopd.engine.evaluation import evaluate_policy
+    from lopd.utils import progress
 
     ev = params.evaluate
-    return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens, max_len=params.model.max_seq_len,
-                           batch_size=ev.batch_size, greedy=ev.greedy, temperature=ev.temperature, seed=20_000 + seed,
-                           samples_per_task=ev.samples_per_task)
+    rollouts = len(tasks) * (1 if ev.greedy else ev.samples_per_task)
+    with progress() as prog:
+        bar = prog.add_task(label, total=-(-rollouts // ev.batch_size), info=f"{rollouts} rollouts")
+        return evaluate_policy(model, fmt, envs, tasks, max_new_tokens=ev.max_new_tokens,
+                               max_len=params.model.max_seq_len, batch_size=ev.batch_size, greedy=ev.greedy,
+                               temperature=ev.temperature, seed=20_000 + seed, samples_per_task=ev.samples_per_task,
+                               progress=lambda: prog.update(bar, advance=1))
 
 
 def _track(params: Params, paths: Paths, arm: str, seed: int, result: dict) -> None:
-    """The evaluation's MLflow run, nested under the experiment's parent (ids go to a side file)."""
-    from lopd.tracking import Tracker
+    """The evaluation's MLflow run, nested under the experiment's parent, and its test metrics mirrored
+    onto the training run it evaluates (the runs table then shows both together); ids go to a side file."""
+    from lopd.tracking import Tracker, log_to_training_run
+    from lopd.tracking.names import evaluate_run
 
-    tr = Tracker(params, f"eval-{arm}-{seed}", {"stage": "evaluate", "arm": arm, "seed": seed, "split": "test",
-                                                "bank_mode": "none", "params_hash": params.section_hash()})
-    tr.log_metrics({"test_reward": result["test_reward"],
-                    **{f"test_reward_{d}": v for d, v in result["test_reward_by_domain"].items()}}, 0)
+    metrics = {"test/reward": result["test_reward"],
+               **{f"test/reward/{d}": v for d, v in result["test_reward_by_domain"].items()},
+               **{f"test/benchmark/{d}": v for d, v in result["benchmarks"].items()}}
+    tr = Tracker(params, evaluate_run(arm, seed), {"stage": "evaluate", "arm": arm, "seed": seed, "split": "test",
+                                                   "bank_mode": "none", "params_hash": params.section_hash()})
+    tr.log_metrics(metrics, 0)
     tr.end()
-    write_side(paths, f"evaluate@{arm}-{seed}", {"mlflow_run_id": tr.run_id, "tracking": tr.status})
+    mirrored = log_to_training_run(params, arm, seed, metrics) if tr.ok else "skipped: evaluate run not tracked"
+    write_side(paths, f"evaluate@{arm}-{seed}", {"mlflow_run_id": tr.run_id, "tracking": tr.status,
+                                                 "mirrored_to_training_run": mirrored})
 
 
 def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
@@ -47,11 +59,12 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
     seed_everything(0, params.model.torch_threads)
     model, fmt = load_student_policy(params, paths.base, load_tensors_verified(run_dir / "student.safetensors"))
     test = data_mod.SplitReader(paths.splits, role="evaluate").load("test")
-    res = _evaluate(params, model, fmt, make_envs(params), test, seed)
+    res = _evaluate(params, model, fmt, make_envs(params), test, seed, f"evaluate {arm} seed {seed}")
     benchmarks = {}
     for dom in params.envs.eval_domains:  # real benchmark data, evaluation only
         env = make_env(dom, params.envs)
-        b = _evaluate(params, model, fmt, {dom: env}, env.generate(params.envs.seed, params.envs.n_test), seed)
+        b = _evaluate(params, model, fmt, {dom: env}, env.generate(params.envs.seed, params.envs.n_test), seed,
+                      f"evaluate {arm} seed {seed} on {dom}")
         benchmarks[dom] = b["mean"]
         res["per_task"] += b["per_task"]
     out = paths.eval_dir(arm, seed)

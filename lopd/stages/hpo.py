@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from lopd.config import Params
@@ -12,19 +13,21 @@ from lopd.stages.common import load_resources, splits_read, write_side
 
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
+    from lopd.search.progress import search_progress
     from lopd.search.study import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
                                  write_result)
     from lopd.tracking import Tracker
 
     res = load_resources(params, paths, role="hpo")
     storage = storage or str(paths.hpo / "journal.log")
-    tracker = Tracker(params, "hpo" + ("-worker" if worker else ""),
+    tracker = Tracker(params, f"search worker · pid {os.getpid()}" if worker else "search",
                       {"stage": "hpo", "arm": "lopd", "seed": params.hpo.seed, "split": "val", "bank_mode": "relevant",
                        "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train", "hpo")})
     t0 = time.time()
     try:
-        study = run_search(params, res, storage=storage, dep_files=dep_files(paths), n_trials=n_trials,
-                           worker=worker, parent_tracker=tracker)
+        with search_progress(n_trials if n_trials is not None else params.hpo.n_trials) as on_trial:
+            study = run_search(params, res, storage=storage, dep_files=dep_files(paths), n_trials=n_trials,
+                               worker=worker, parent_tracker=tracker, callbacks=[on_trial])
     except BaseException:
         tracker.end("FAILED")
         raise

@@ -13,7 +13,7 @@ def _track(params: Params, paths: Paths, out: dict) -> None:
 
     tracker = Tracker(params, "probe", {"stage": "probe", "arm": "base", "seed": 0, "split": "val",
                                         "bank_mode": "relevant", "params_hash": params.section_hash("train")})
-    tracker.log_metrics({f"{kind}_{cond}": v["mean"] for kind in ("reward", "delta")
+    tracker.log_metrics({f"probe/{kind}_{cond}": v["mean"] for kind in ("reward", "delta")
                          for cond, v in out[kind]["by_condition"].items()}, 0)
     tracker.end()
     write_side(paths, "probe", {"mlflow_run_id": tracker.run_id, "tracking": tracker.status})

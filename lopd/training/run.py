@@ -38,9 +38,10 @@ def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
     return out
 
 
-def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, parent_run_id, is_main):
+def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, parent_run_id, is_main, run_name):
     """The MLflow run of this job; a run left RUNNING by a killed attempt is marked KILLED and linked."""
     from lopd.tracking import Tracker, mark_stale_run
+    from lopd.tracking.names import final_run
 
     stale = None
     # the MLflow run id lives beside the checkpoint (a checkpoint directory is replaced whole)
@@ -55,7 +56,8 @@ def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, pare
                 **(tags or {})}
     if stale:
         all_tags["resumed_from_run"] = stale
-    tracker = Tracker(params, f"{arm_name}-{seed}", all_tags, parent_run_id=parent_run_id, enabled=is_main)
+    tracker = Tracker(params, run_name or final_run(arm_name, seed), all_tags, parent_run_id=parent_run_id,
+                      enabled=is_main)
     if rid is not None and tracker.run_id and is_main:
         rid.write_text(tracker.run_id)
     return tracker, rid, stale, all_tags["params_hash"]
@@ -101,9 +103,11 @@ def _write_outputs(out_dir: Path, res, trainer, result: dict, splits: list) -> N
 
 def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
             best_params_file: Path | None = None, tags: dict | None = None, hp_over: dict | None = None,
-            on_val=None, parent_run_id: str | None = None, final_val: bool = True, world=None) -> tuple[dict, dict]:
+            on_val=None, parent_run_id: str | None = None, final_val: bool = True, world=None,
+            run_name: str | None = None) -> tuple[dict, dict]:
     """Train ``arm_name`` with ``seed``; returns ``(result, meta)``. ``best_params_file=None`` uses no
-    search selection (the search itself and the sensitivity grid pass their points in ``hp_over``)."""
+    search selection (the search itself and the sensitivity grid pass their points in ``hp_over``).
+    ``run_name`` names its MLflow run (default ``<arm> · seed <seed>``)."""
     from lopd import data as data_mod
     from lopd.arms import get_arm
     from lopd.training.trainer import HParams
@@ -114,7 +118,8 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     hp = HParams.from_params(params, **{**selected, **(hp_over or {})})
     seed_everything(seed, params.model.torch_threads)
     is_main = world is None or world.is_main
-    tracker, rid, stale, params_hash = _tracker(params, arm, arm_name, seed, ckpt_dir, tags, parent_run_id, is_main)
+    tracker, rid, stale, params_hash = _tracker(params, arm, arm_name, seed, ckpt_dir, tags, parent_run_id, is_main,
+                                                run_name)
     tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
     t0 = time.time()
     trainer, info = _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world)
@@ -130,7 +135,9 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
             "resumed_from_run": stale}
     if is_main:
         _write_outputs(out_dir, res, trainer, result, list(data_mod.ACCESS_LOG))
-    tracker.log_metrics({"final_val_reward": final}, trainer.step)
+        for name in ("history.csv", "result.json"):  # the run's own files, browsable beside its charts
+            tracker.log_artifact(out_dir / name)
+    tracker.log_metrics({"final/val_reward": final, "final/beta": trainer.beta}, trainer.step)
     tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
     tracker.end()
     if ckpt_dir is not None and is_main:

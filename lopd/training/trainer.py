@@ -400,4 +400,6 @@ class Trainer:
         row["seconds"] = round(row["seconds"], 3) if row.get("seconds") is not None else None
         self.history.append(row)
         if self.tracker is not None:
-            self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("step", "seconds")}, row["step"])
+            from lopd.tracking.names import HISTORY_METRICS as metric_names
+
+            self.tracker.log_metrics({metric_names[k]: v for k, v in row.items() if k in metric_names}, row["step"])
