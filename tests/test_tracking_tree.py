@@ -173,6 +173,8 @@ def test_every_stage_run_nests_under_one_experiment_parent(make_params, async_lo
 def test_runs_name_and_tag_their_dvc_experiment(make_params, monkeypatch):
     """Under ``dvc exp run`` (DVC_EXP_NAME, DVC_EXP_BASELINE_REV set for each stage) the parent is
     named after the experiment and commit, and every run carries both as tags."""
+    from mlflow import MlflowClient
+
     from lopd.tracking import EXPERIMENT_KEY_TAG, git_commit
 
     monkeypatch.setenv("DVC_EXP_NAME", "lucky-dove")
@@ -185,6 +187,8 @@ def test_runs_name_and_tag_their_dvc_experiment(make_params, monkeypatch):
     assert parent.info.run_name == f"lucky-dove @ {git_commit()[:7]} · params {key[:8]}"
     assert {(r.data.tags["dvc.exp_name"], r.data.tags["dvc.rev"]) for r in runs} == {("lucky-dove", "f" * 40)}
     assert {r.info.run_name for r in runs} == {parent.info.run_name, "lopd · seed 0"}
+    exp = MlflowClient(tracking_uri=params.tracking.uri).get_experiment_by_name(params.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens it on its runs
 
 
 def test_test_metrics_are_mirrored_onto_the_training_run(make_params, capsys):

@@ -137,7 +137,9 @@ def _client(uri: str):
 
 
 def _experiment_id(client, uri: str, name: str) -> str:
-    """The experiment's id, creating it (artifacts in ``mlartifacts/`` beside a SQLite db)."""
+    """The experiment's id, creating it (artifacts in ``mlartifacts/`` beside a SQLite db). It is marked
+    a model-training experiment, so that MLflow's UI opens it on its runs table (not on GenAI traces)."""
+    kind_tag, kind = mlflow_compat.EXPERIMENT_KIND_TAG, mlflow_compat.TRAINING_EXPERIMENT_KIND
     if (uri, name) not in _EXPERIMENT_IDS:
         exp = _retry(client.get_experiment_by_name, name)
         if exp is None:
@@ -146,7 +148,10 @@ def _experiment_id(client, uri: str, name: str) -> str:
                 if exp is None:
                     db = _sqlite_path(uri)
                     where = (db.resolve().parent / "mlartifacts" / name).as_uri() if db else None
-                    exp = _retry(client.get_experiment, _retry(client.create_experiment, name, artifact_location=where))
+                    exp = _retry(client.get_experiment, _retry(client.create_experiment, name, artifact_location=where,
+                                                               tags={kind_tag: kind}))
+        if kind_tag not in exp.tags:  # an experiment created before lopd set it
+            _retry(client.set_experiment_tag, exp.experiment_id, kind_tag, kind)
         _EXPERIMENT_IDS[(uri, name)] = exp.experiment_id
     return _EXPERIMENT_IDS[(uri, name)]
 
