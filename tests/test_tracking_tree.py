@@ -444,11 +444,11 @@ def test_smoke_pipeline_store_reads_as_one_named_tree(smoke_recorded, tmp_path):
     jobs += [(a, s) for a in tp["extra_arms"] for s in tp["extra_seeds"]]
     assert sorted((r.data.params["arm"], r.data.params["seed"]) for r in final) == sorted((a, str(s)) for a, s in jobs)
     for r in final:  # the runs table's columns: arm, seed, test reward, final β
-        assert {"test/reward", "final/val_reward", "val/reward"} <= set(r.data.metrics), \
+        assert {"test/reward", "final/val_reward", "final/beta"} <= set(r.data.metrics), \
             (r.info.run_name, r.data.metrics)
         assert r.data.params["arm"] == r.data.tags["arm"] and r.data.params["seed"] == r.data.tags["seed"]
     lopd_run = next(r for r in final if r.data.tags["arm"] == "lopd")
-    assert {"train/reward", "train/loss", "margin/delta_phi", "margin/beta", "margin/sat_frac", "final/beta"} <= \
+    assert {"train/reward", "train/loss", "margin/delta_phi", "margin/beta", "margin/sat_frac", "val/reward"} <= \
         set(lopd_run.data.metrics), sorted(lopd_run.data.metrics)
     for r in runs.values():
         assert all("/" in k for k in r.data.metrics), (r.info.run_name, sorted(r.data.metrics))

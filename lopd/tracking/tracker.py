@@ -11,9 +11,8 @@ from typing import Any
 
 from lopd.compat import mlflow as mlflow_compat
 from lopd.errors import BadInput
-from lopd.tracking.store import (EXPERIMENT_KEY_TAG, HOST_TAG, PID_TAG, _client, _end_run, _experiment_id,
-                                 _handle_failure, _lock_contention, _message, _retry, experiment_parent_id,
-                                 provenance_tags)
+from lopd.tracking.store import (HOST_TAG, PID_TAG, _client, _end_run, _experiment_id, _handle_failure,
+                                 _lock_contention, _message, _retry, experiment_parent_id, provenance_tags)
 
 _SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
 
