@@ -31,7 +31,8 @@ def run(params: Params, paths: Paths) -> dict:
     sel = yaml.safe_load((paths.hpo / "best_params.yaml").read_text())
     res = load_resources(params, paths, role="sensitivity")
     # one MLflow run holds the grid's runs, as the search's run holds its trials
-    tracker = Tracker(params, "sensitivity", {"stage": "sensitivity", "arm": "lopd", "seed": 2000, "split": "val",
+    seeds = " ".join(str(2000 + s) for s in params.sensitivity.seeds)  # the training seeds of the grid's runs
+    tracker = Tracker(params, "sensitivity", {"stage": "sensitivity", "arm": "lopd", "seed": seeds, "split": "val",
                                               "bank_mode": "relevant", "params_hash": params.section_hash()})
     try:
         rows = _run_grid(params, res, sel, tracker.run_id)
