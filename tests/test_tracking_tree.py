@@ -188,7 +188,7 @@ def test_runs_name_and_tag_their_dvc_experiment(make_params, monkeypatch):
     assert {(r.data.tags["dvc.exp_name"], r.data.tags["dvc.rev"]) for r in runs} == {("lucky-dove", "f" * 40)}
     assert {r.info.run_name for r in runs} == {parent.info.run_name, "lopd · seed 0"}
     exp = MlflowClient(tracking_uri=params.tracking.uri).get_experiment_by_name(params.tracking.experiment)
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens it on its runs
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # model training, for the UI
 
 
 def test_test_metrics_are_mirrored_onto_the_training_run(make_params, capsys):

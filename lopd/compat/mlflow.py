@@ -6,7 +6,7 @@ and through this module for the three things it does not:
 * the process-wide store object of a tracking URI (to quiesce it before a fork, and to end a run
   without :meth:`MlflowClient.set_terminated`, which also shuts down the whole async-logging queue);
 * the longest parameter value a store accepts;
-* the experiment tag that makes MLflow's UI open an experiment on its runs table;
+* the experiment tag that marks an experiment as model training for MLflow's UI;
 * the names of the modules whose import or logging lopd manages.
 
 :data:`INTERNALS` lists each internal with the MLflow version it was last checked against;
@@ -22,8 +22,8 @@ STORE_REGISTRY = "mlflow.tracking._tracking_service.utils"  # module with _get_s
 SQL_STORE_MODULE = "mlflow.store.tracking.sqlalchemy_store"  # the slow import a warm worker preloads
 ASYNC_QUEUE_LOGGER = "mlflow.utils.async_logging.async_logging_queue"
 VALIDATION_MODULE = "mlflow.utils.validation"  # holds MAX_PARAM_VAL_LENGTH
-# the experiment tag MLflow's UI (3.x) reads to choose an experiment's first page: a GenAI experiment
-# opens on its traces, a model-training one on its runs table (values as in the UI's bundle, 3.17)
+# the experiment tag by which MLflow's UI (3.x) tells a model-training experiment from a GenAI one
+# (values as in the UI's bundle, 3.17)
 EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 # (module, attribute) pairs read below; an attribute of a store instance is checked on a SQLite store

@@ -137,8 +137,8 @@ def _client(uri: str):
 
 
 def _experiment_id(client, uri: str, name: str) -> str:
-    """The experiment's id, creating it (artifacts in ``mlartifacts/`` beside a SQLite db). It is marked
-    a model-training experiment, so that MLflow's UI opens it on its runs table (not on GenAI traces)."""
+    """The experiment's id, creating it (artifacts in ``mlartifacts/`` beside a SQLite db). It is tagged
+    a model-training experiment for MLflow's UI (whose 3.x default is the GenAI kind)."""
     kind_tag, kind = mlflow_compat.EXPERIMENT_KIND_TAG, mlflow_compat.TRAINING_EXPERIMENT_KIND
     if (uri, name) not in _EXPERIMENT_IDS:
         exp = _retry(client.get_experiment_by_name, name)
