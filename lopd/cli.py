@@ -200,9 +200,9 @@ def _dispatch(args, start_recording=lambda: None) -> int:
 def _tool(args) -> int:
     """``lopd exp run``, ``lopd params``, ``lopd doctor``: tools around the pipeline, no stage."""
     if args.cmd == "exp":
-        from lopd.experiment import exp_run_argv, guarded_dvc
+        from lopd.experiment import run_profile_experiment
 
-        return guarded_dvc(exp_run_argv(args.params, args.exp_profile or args.profile, args.dvc_args))
+        return run_profile_experiment(args.params, args.exp_profile or args.profile, args.dvc_args)
     if args.cmd == "params":
         from lopd.params_view import show
 

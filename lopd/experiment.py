@@ -3,8 +3,10 @@
 A profile is a YAML mapping laid over ``params.yaml`` by :func:`lopd.config.deep_merge`: mappings
 merge key by key, anything else (a list too) replaces the committed value. Here each of its
 leaves becomes one ``dvc exp run -S section.key=value`` override, so DVC records the experiment
-(``dvc exp show`` lists it) and the committed ``params.yaml`` is left as it is. The merged params
-are validated first: a bad profile stops with exit status 2 before DVC starts.
+(``dvc exp show`` lists it). Run in the workspace, ``dvc exp run -S`` leaves the experiment's values
+in ``params.yaml``; ``lopd exp run`` puts the file back as it was afterwards (the experiment's
+outputs, ``dvc.lock`` and the MLflow runs stay in the workspace). The merged params are validated
+first: a bad profile stops with exit status 2 before DVC starts.
 
 ``-S`` values go through Hydra's override grammar (DVC parses them with it): each value is
 written as a Hydra literal (:func:`hydra_literal`), so a list, ``null``, a float such as
@@ -122,6 +124,27 @@ def guarded_dvc(argv: list[str]) -> int:
 
     print("lopd: dvc " + " ".join(_shell_quote(a) for a in argv), file=sys.stderr, flush=True)
     return dvc_main(argv)
+
+
+def run_profile_experiment(params_file: str | Path, profile_file: str | Path | None, dvc_args: list[str]) -> int:
+    """``lopd exp run``: :func:`exp_run_argv` through :func:`guarded_dvc`, then ``params.yaml`` put back
+    byte for byte as it was before (run in the workspace, DVC leaves the experiment's values in it;
+    they stay in the experiment, which ``dvc exp show`` lists and ``dvc exp apply`` restores), even
+    when the run fails or is interrupted."""
+    from lopd.lockguard import find_root
+    from lopd.utils import atomic_write_bytes
+
+    argv = exp_run_argv(params_file, profile_file, dvc_args)
+    root = find_root(Path.cwd())
+    committed = root / "params.yaml" if root is not None else None
+    before = committed.read_bytes() if committed is not None and committed.exists() else None
+    try:
+        return guarded_dvc(argv)
+    finally:
+        if before is not None and committed.read_bytes() != before:
+            atomic_write_bytes(committed, before)
+            print(f"lopd: put {committed.name} back as it was; the experiment's params are in `dvc exp show` "
+                  "(`dvc exp apply <name>` brings them into the workspace)", file=sys.stderr, flush=True)
 
 
 def _shell_quote(arg: str) -> str:

@@ -174,6 +174,7 @@ def test_exp_run_passes_unknown_arguments_to_dvc(monkeypatch):
 
     seen = []
     monkeypatch.setattr(lopd.experiment, "guarded_dvc", lambda argv: seen.append(argv) or 0)
+    monkeypatch.chdir(REPO)
     assert main(["--params", str(REPO / "params.yaml"), "exp", "run", "-n", "smoke", "--profile",
                  str(REPO / "profiles/null-world.yaml"), "--pull", "train"]) == 0
     assert seen == [["exp", "run", "-S", "envs.null_world=true", "-n", "smoke", "--pull", "train"]]
