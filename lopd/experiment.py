@@ -28,13 +28,17 @@ from typing import Any
 from lopd.errors import BadInput
 
 
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_HYDRA_WORDS = {"null", "true", "false", "inf", "nan"}  # unquoted, Hydra reads these (any case) as values
+
+
 def hydra_literal(value: Any) -> str:
     """``value`` as a Hydra override literal that parses back to the same YAML value.
 
     ``None`` → ``null``; booleans → ``true``/``false``; numbers as Python writes them, with a point in
-    an exponent's mantissa (``5.0e-05``); strings single-quoted, quotes (and backslashes before them)
-    escaped, so ``'123'`` stays a string and ``a, b`` one string; lists → ``[a,b]``; mappings →
-    ``{key:value}``."""
+    an exponent's mantissa (``5.0e-05``); an identifier as itself (``lopd``); any other string
+    single-quoted, quotes (and backslashes before them) escaped, so ``'123'`` stays a string and
+    ``'a, b'`` one string; lists → ``[a,b]``; mappings → ``{key:value}``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -48,6 +52,8 @@ def hydra_literal(value: Any) -> str:
         mantissa, e, exponent = text.partition("e")
         # Hydra reads 5e-05 as a string: its float grammar wants a point in the mantissa
         return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+    if isinstance(value, str) and _PLAIN.match(value) and value.lower() not in _HYDRA_WORDS:
+        return value  # an identifier (an arm, a stage) reads as itself: [base,lopd]
     if isinstance(value, str):
         # Hydra's quoted strings: a backslash is literal unless it precedes a quote (or the closing
         # one), so only those runs are doubled; then each quote is escaped, and ${ (interpolation)

@@ -91,7 +91,7 @@ def test_exp_run_argv_for_the_smoke_profile():
     sets = argv[3:-2:2]
     assert all(a == "-S" for a in argv[2:-2:2])
     assert "envs.n_train=48" in sets and "train.steps=2" in sets
-    assert "train.arms=['base','lopd','lopd_shuffled']" in sets
+    assert "train.arms=[base,lopd,lopd_shuffled]" in sets
     assert "hpo.lr_choices=[0.002,0.005]" in sets
     assert "sensitivity.margins=[0.0]" in sets
     assert len(sets) == 30  # one per leaf of the profile
@@ -100,7 +100,8 @@ def test_exp_run_argv_for_the_smoke_profile():
 @pytest.mark.parametrize("value,literal", [
     (None, "null"), (True, "true"), (3, "3"), (0.002, "0.002"), (5e-05, "5.0e-05"), (1e20, "1.0e+20"),
     ("sqlite:///mlflow.db", "'sqlite:///mlflow.db'"), ("it's", "'it\\'s'"), ("${x}", "'\\${x}'"),
-    ([1, "a"], "[1,'a']"), ({"num_cpus": 1, "num_gpus": 0.5}, "{num_cpus:1,num_gpus:0.5}")])
+    ("lopd_frozen", "lopd_frozen"), ("True", "'True'"), ("nan", "'nan'"), ("12", "'12'"), ("a-b", "'a-b'"),
+    ([1, "a b"], "[1,'a b']"), ({"num_cpus": 1, "num_gpus": 0.5}, "{num_cpus:1,num_gpus:0.5}")])
 def test_hydra_literal(value, literal):
     assert hydra_literal(value) == literal
 
@@ -123,7 +124,8 @@ def test_exp_run_refuses_an_invalid_profile_before_dvc(tmp_path, capsys):
 
 EXTRA = {"tracking": {"uri": "sqlite:///x:y, z'q\\b.db", "experiment": "123"},
          "launch": {"resources": {"cold_start": {"num_cpus": 2, "num_gpus": 0.5}},
-                    "shared_paths": ["a\\", "a\\'b", "", "[1,2]", "null", "true", "x=y", "${oc.env:HOME}", "é ü"]},
+                    "shared_paths": ["a\\", "a\\'b", "NULL", "Inf", "x_1", "_", "1e5", "", "[1,2]", "null", "true",
+                                     "x=y", "${oc.env:HOME}", "é ü"]},
          "train": {"lr_student": 5e-05, "rollout_budget": None, "arms": ["base"]},
          "model": {"lora_target_modules": ["q_proj", "v_proj"]}, "envs": {"null_world": True},
          "hpo": {"lr_choices": [5e-05, 1e20, 1e-300, 0.1, -3e-7]}}
