@@ -15,8 +15,9 @@ class RuleParams(Section):
     treatment: str = Field(description="the arm whose claim is tested")
     gain_over: list[str] = Field(description="part (i): the treatment must beat each of these arms")
     content_controls: list[str] = Field(description="part (ii): and each of these content controls")
-    rho: float | None = Field(gt=0, lt=1, description="smallest effect of interest in (0, 1): a content test asks "
-                                                      "(treatment − control) > rho·(treatment − rho_baseline); null = off")
+    rho: float | None = Field(gt=0, lt=1, description="smallest effect of interest in (0, 1): a content test "
+                                                      "asks (treatment − control) > rho·(treatment − rho_baseline); "
+                                                      "null = off")
     rho_baseline: str = Field(description="the arm in rho·(treatment − rho_baseline)")
 
     @model_validator(mode="after")
