@@ -46,6 +46,10 @@ def sweep_mlflow(params_file: Path) -> None:
     from lopd.config import load_params
 
     tp = load_params(params_file).tracking
+    db = Path(tp.uri[len("sqlite:///"):]) if tp.uri.startswith("sqlite:///") else None
+    if db is not None and not db.exists():  # opening the store would create it
+        _say(f"MLflow: no store at {db} yet")
+        return
     from mlflow.tracking import MlflowClient
 
     from lopd.tracking import sweep_dead_runs

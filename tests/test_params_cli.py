@@ -182,3 +182,23 @@ def test_exp_run_passes_unknown_arguments_to_dvc(monkeypatch):
     assert seen == [["exp", "run", "-S", "envs.null_world=true", "-n", "smoke", "--pull", "train"]]
     with pytest.raises(SystemExit):
         main(["validate", "--bogus"])
+
+
+def test_doctor_marks_a_dead_process_mlflow_run_killed(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    from lopd.tracking import HOST_TAG, PID_TAG
+
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    client = MlflowClient(tracking_uri="sqlite:///mlflow.db")
+    run = client.create_run(client.create_experiment("lopd"),
+                            tags={HOST_TAG: socket.gethostname(), PID_TAG: str(gone.pid)})
+    assert main(["doctor"]) == 0
+    assert f"marked 1 run(s) of dead processes KILLED: {run.info.run_id}" in capsys.readouterr().out
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
