@@ -89,7 +89,8 @@ def rows(model, effective: dict, committed: dict, path: list[str], depth: int = 
         if sub is not None and keyed:  # launch.resources: one heading per free name
             out.append((depth, name, "", field.description, None, True))
             for free in _at(effective, here) or {}:
-                out.append((depth + 1, free, "", sub.__doc__.splitlines()[0] if sub.__doc__ else "", None, True))
+                whose = "every stage not listed" if free == "default" else f"stage {free}"
+                out.append((depth + 1, free, "", f"{name} of {whose}", None, True))
                 out += rows(sub, effective, committed, [*here, free], depth + 2)
         elif sub is not None:
             out.append((depth, name, "", field.description, None, True))
