@@ -62,10 +62,36 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
+    x = sub.add_parser("exp", help="dvc exp run with a profile's values as -S overrides, behind the lock guard "
+                                   "(params.yaml stays as committed; dvc exp show lists the run)")
+    x.add_argument("action", choices=["run"])
+    x.add_argument("--profile", dest="exp_profile", default=None, help="a profile YAML (e.g. profiles/smoke.yaml)")
+    x.epilog = "Any other argument is passed to dvc exp run (e.g. -n NAME)."
+    v = sub.add_parser("params", help="print the effective params with each key's description, marking keys "
+                                      "that differ from the committed params.yaml")
+    v.add_argument("sections", nargs="*", help="only these sections (default: all)")
+    v.add_argument("--profile", dest="params_profile", default=None, help="a profile YAML merged over the params")
+    v.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one key (value as YAML), like dvc exp run -S; repeatable")
+    d = sub.add_parser("doctor", help="check and repair what the lock guard handles after a bare dvc repro / "
+                                      "dvc exp run: a torn dvc.lock, stale DVC locks, stale MLflow runs")
+    d.add_argument("--no-mlflow", action="store_true", help="leave the MLflow store alone")
     a = sub.add_parser("apply-profile", help="write params merged with a profile to a file")
     a.add_argument("profile_file")
     a.add_argument("--out", default="params.yaml")
     return p
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; ``lopd exp run`` passes the arguments it does not know to ``dvc exp run``
+    (wherever they stand: ``-n NAME --profile P`` works as well as ``--profile P -n NAME``)."""
+    p = _parser()
+    args, extra = p.parse_known_args(argv)
+    if args.cmd == "exp":
+        args.dvc_args = extra
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def process_start_time(pid: int | None = None) -> float:
@@ -96,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["LOPD_T0"] = repr(process_start_time())
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
-        ns = _parser().parse_args(args)  # usage errors are reported here, not in the worker
-        if ns.cmd not in ("validate", "apply-profile", "repro"):
+        ns = _parse(args)  # usage errors are reported here, not in the worker
+        if ns.cmd not in ("validate", "apply-profile", "repro", "exp", "params", "doctor"):
             rc = warm.run_client(args)
             if rc != -1:
                 return rc
@@ -111,7 +137,7 @@ def run_in_process(argv: list[str]) -> int:
         from lopd.launch.run import main as launch_main
 
         return launch_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return _dispatch(args, _start_recording)
     except BadInput as e:
@@ -153,6 +179,8 @@ def _dispatch(args, start_recording=lambda: None) -> int:
         return guarded_repro(args.dvc_args)
     if args.cmd == "fingerprint":
         return _fingerprint(args, start_recording)
+    if args.cmd in ("exp", "params", "doctor"):
+        return _tool(args)
     params = load_params(args.params, args.profile)
     start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
     if args.cmd == "validate":
@@ -167,6 +195,21 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     with _timed(paths, args.cmd):
         _run_stage(stage, params, paths, args)
     return 0
+
+
+def _tool(args) -> int:
+    """``lopd exp run``, ``lopd params``, ``lopd doctor``: tools around the pipeline, no stage."""
+    if args.cmd == "exp":
+        from lopd.experiment import run_profile_experiment
+
+        return run_profile_experiment(args.params, args.exp_profile or args.profile, args.dvc_args)
+    if args.cmd == "params":
+        from lopd.params_view import show
+
+        return show(args.params, args.params_profile or args.profile, args.overrides, args.sections)
+    from lopd.doctor import doctor
+
+    return doctor(args.params, mlflow=not args.no_mlflow)
 
 
 def _fingerprint(args, start_recording) -> int:

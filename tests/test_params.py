@@ -295,3 +295,80 @@ def test_params_yaml_is_the_only_source_of_defaults():
                 yield from with_default(f.annotation, prefix + name + ".")
 
     assert list(with_default(Params)) == []
+
+
+# ------------------------------------------------------------------ descriptions and error messages
+
+
+def test_every_key_has_a_description():
+    """Every field of every section model (and every section of Params) says what it is."""
+    from lopd.config import Params
+    from lopd.config.messages import iter_fields
+
+    fields = list(iter_fields(Params))
+    keys = [k for k, _ in fields]
+    assert "train.margin" in keys and "report.design.n_sim" in keys and "launch.resources.*.num_gpus" in keys
+    missing = [k for k, f in fields if not (f.description or "").strip()]
+    assert missing == [], f"fields without a description: {missing}"
+
+
+def test_every_params_yaml_key_is_a_described_field(base_raw):
+    """The walk above covers params.yaml: its keys are exactly the fields walked (a stage's name under
+    launch.resources stands for the free name ``*``)."""
+    from lopd.config import Params
+    from lopd.config.messages import iter_fields
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            here = prefix + ("*" if prefix == "launch.resources." else k)
+            yield here
+            if isinstance(v, dict):
+                yield from leaves(v, here + ".")
+
+    assert set(leaves(base_raw)) - {"launch.resources.*"} == {k for k, _ in iter_fields(Params)}
+
+
+def test_unknown_key_error_lists_allowed_keys_with_descriptions(tmp_path, capsys, base_raw):
+    from lopd.config import TrainParams
+
+    rc, out = _validate(tmp_path, capsys, _mod(base_raw, **{"train.stepz": 3}))
+    assert rc == 2
+    assert "train.stepz: unknown key; allowed keys here:" in out
+    assert "did you mean `steps`?" in out
+    for key, field in TrainParams.model_fields.items():  # each allowed key with its description
+        assert any(ln.split() and ln.split()[0] == key and field.description in ln for ln in out.splitlines()), key
+    assert "lopd params" in out
+
+
+def test_invalid_value_error_names_the_key_problem_and_description(tmp_path, capsys, base_raw):
+    from lopd.config import TrainParams
+
+    rc, out = _validate(tmp_path, capsys, _mod(base_raw, **{"train.K": 0}))
+    assert rc == 2
+    assert "train.K: Input should be greater than or equal to 1 (got 0)" in out
+    assert f"train.K: {TrainParams.model_fields['K'].description}" in out
+
+
+def test_nested_and_keyed_sections_are_described_in_errors(tmp_path, capsys, base_raw):
+    from lopd.config import DesignParams, LaunchResources
+
+    rc, out = _validate(tmp_path, capsys, _mod(base_raw, **{"report.design.n_sim": 3,
+                                                             "launch.resources.train.num_gpu": 1}))
+    assert rc == 2
+    assert f"report.design.n_sim: {DesignParams.model_fields['n_sim'].description}" in out
+    assert "launch.resources.train.num_gpu: unknown key; allowed keys here: num_cpus, num_gpus" in out
+    assert LaunchResources.model_fields["num_gpus"].description in out
+
+
+def test_launch_uses_the_same_error_formatter(tmp_path, base_raw):
+    """lopd launch validates only its section, with the same messages (key, allowed keys, description)."""
+    from lopd.config import LaunchParams
+    from lopd.launch.run import load_launch_params
+
+    p = _write(tmp_path, _mod(base_raw, **{"launch.max_retry": 1, "launch.keep_worktrees": "yes"}))
+    with pytest.raises(BadInput) as ei:
+        load_launch_params(p)
+    msg = str(ei.value)
+    assert "launch.max_retry: unknown key; allowed keys here: keep_worktrees, max_retries" in msg
+    assert "did you mean `max_retries`?" in msg
+    assert f"launch.keep_worktrees: {LaunchParams.model_fields['keep_worktrees'].description}" in msg

@@ -364,7 +364,7 @@ def load_launch_params(path: str | Path):
     """Only the ``launch`` section is read (each stage validates its own sections)."""
     from pydantic import ValidationError
 
-    from lopd.config import LaunchParams, read_yaml_mapping
+    from lopd.config import LaunchParams, format_params_error, read_yaml_mapping
 
     raw = read_yaml_mapping(path, "params file")
     if "launch" not in raw:
@@ -372,8 +372,7 @@ def load_launch_params(path: str | Path):
     try:
         return LaunchParams.model_validate(raw["launch"])
     except ValidationError as e:
-        lines = [f"  launch.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise BadInput(f"invalid parameters in {path}:\n" + "\n".join(lines)) from None
+        raise BadInput(format_params_error(e, str(path), within=("launch",))) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,67 @@
+"""The ``report`` section: statistics, the pre-registered falsification rule and the seed-count design."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from lopd.config.section import Section
+from lopd.config.stages import ARMS
+
+
+class RuleParams(Section):
+    """The pre-registered falsification rule: its text (rendered first) and its structure."""
+
+    text: str = Field(description="the rule as registered, rendered before any number")
+    treatment: str = Field(description="the arm whose claim is tested")
+    gain_over: list[str] = Field(description="part (i): the treatment must beat each of these arms")
+    content_controls: list[str] = Field(description="part (ii): and each of these content controls")
+    rho: float | None = Field(gt=0, lt=1, description="smallest effect of interest in (0, 1): a content test "
+                                                      "asks (treatment − control) > rho·(treatment − rho_baseline); "
+                                                      "null = off")
+    rho_baseline: str = Field(description="the arm in rho·(treatment − rho_baseline)")
+
+    @model_validator(mode="after")
+    def _arms(self):
+        named = [self.treatment, *self.gain_over, *self.content_controls, self.rho_baseline]
+        unknown = sorted({a for a in named if a not in ARMS})
+        if unknown:
+            raise ValueError(f"report.rule names unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
+        others = [*self.gain_over, *self.content_controls]
+        if not self.gain_over or not self.content_controls or len(set(others)) != len(others) \
+                or self.treatment in others:
+            raise ValueError("report.rule: gain_over and content_controls must be non-empty, without "
+                             "duplicates, and must not contain the treatment arm")
+        return self
+
+
+class DesignParams(Section):
+    """What the default seed count is sized for; tests/test_calibration.py simulates it."""
+
+    effect: float = Field(gt=0, lt=1, description="content effect lopd − control (= lopd − base) in mean test "
+                                                  "reward")
+    n_seeds: int = Field(ge=2, description="seeds of every arm the rule names")
+    seed_sd: float = Field(ge=0, description="training-seed sd of an arm's mean test reward")
+    n_tasks: int = Field(ge=1, description="test tasks in the simulated evaluation")
+    samples_per_task: int = Field(ge=1, description="test rollouts per task in the simulated evaluation")
+    task_reward_low: float = Field(ge=0, le=1, description="per-task success probabilities ~ U(low, high): low")
+    task_reward_high: float = Field(ge=0, le=1, description="per-task success probabilities ~ U(low, high): high")
+    power: float = Field(gt=0, lt=1, description="the power the design must reach")
+    n_sim: int = Field(ge=50, description="simulated experiments per design-power figure (report and "
+                                          "calibration tests)")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.task_reward_low >= self.task_reward_high or self.task_reward_high + self.effect > 1:
+            raise ValueError("report.design: need task_reward_low < task_reward_high and "
+                             "task_reward_high + effect <= 1")
+        return self
+
+
+class ReportParams(Section):
+    """Tables, figures, audits and the verdict under reports/."""
+
+    alpha: float = Field(gt=0, lt=1, description="significance level of the rule's one-sided paired t-tests")
+    n_boot: int = Field(ge=100, description="hierarchical-bootstrap and efficiency-CI resamples")
+    rule: RuleParams = Field(description="the pre-registered falsification rule, rendered before any number")
+    design: DesignParams = Field(description="what the seed count is sized for (tests/test_calibration.py "
+                                             "simulates it)")

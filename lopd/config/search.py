@@ -1,0 +1,79 @@
+"""Sections of the validation-only search (``hpo``) and the sensitivity grid (``sensitivity``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from lopd.arms import ARMS as ARM_REGISTRY
+from lopd.config.section import Section
+
+
+class HpoParams(Section):
+    """Optuna TPE over margin, K, n_ret and the student learning rate, on the VALIDATION split only."""
+
+    n_trials: int = Field(ge=1, description="search trials in all (a rerun with more resumes the study)")
+    seed: int = Field(ge=0, description="seed of the TPE sampler")
+    study_name: str = Field(description="Optuna study name in the journal file")
+    margin_choices: list[float] = Field(description="margins m searched (nats per token, ≥ 0)")
+    k_choices: list[int] = Field(description="K searched: latent tokens per experience (each ≤ cold_start.k_max)")
+    n_ret_min: int = Field(ge=1, description="smallest n_ret searched (retrieved experiences per task)")
+    n_ret_max: int = Field(ge=1, description="largest n_ret searched (≤ cold_start.n_ret_max)")
+    lr_choices: list[float] = Field(description="student learning rates: searched for LOPD, chosen for each "
+                                                "baseline arm")
+    baseline_arms: list[str] = Field(description="training arms whose learning rate is tuned on val over "
+                                                 "lr_choices like the method's")
+    tie_rule: Literal["best", "median_margin", "smallest_margin"] = Field(
+        description="registered before the search: among trials tied with the best (paired val difference "
+                    "whose (1 − tie_alpha) t-interval holds 0), take the best, the median margin or the smallest")
+    tie_alpha: float = Field(gt=0.0, lt=1.0, description="significance level of that tie test")
+    seeds_per_trial: int = Field(ge=1, description="training seeds averaged per trial")
+    steps: int | None = Field(ge=1, description="training steps per trial; null = train.steps (the final "
+                                                "runs' horizon)")
+    val_every: int = Field(ge=1, description="steps between intermediate val rewards (they feed the median pruner)")
+
+    @field_validator("lr_choices")
+    @classmethod
+    def _lrs(cls, v):
+        if not v or any(x <= 0 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"hpo.lr_choices must be distinct learning rates > 0, got {v}")
+        return v
+
+    @field_validator("baseline_arms")
+    @classmethod
+    def _baselines(cls, v):
+        bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
+        if bad or len(set(v)) != len(v):
+            raise ValueError(f"hpo.baseline_arms must be distinct training arms, got {v}")
+        return v
+
+    @field_validator("margin_choices")
+    @classmethod
+    def _margins(cls, v):
+        if not v or any(m < 0 for m in v):
+            raise ValueError(f"hpo.margin_choices must be non-empty and >= 0, got {v}")
+        return v
+
+    @field_validator("k_choices")
+    @classmethod
+    def _ks(cls, v):
+        if not v or any(k < 1 for k in v):
+            raise ValueError(f"hpo.k_choices must be non-empty integers >= 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.n_ret_min > self.n_ret_max:
+            raise ValueError("hpo.n_ret_min must be <= hpo.n_ret_max")
+        return self
+
+
+class SensitivityParams(Section):
+    """One-at-a-time validation grid around the selected point (validation only)."""
+
+    seeds: list[int] = Field(description="training seeds of every grid point")
+    margins: list[float] = Field(description="margins m varied (nats per token), K and n_ret held at the selection")
+    ks: list[int] = Field(description="K values varied, margin and n_ret held at the selection")
+    n_rets: list[int] = Field(description="n_ret values varied, margin and K held at the selection")
+    steps: int | None = Field(ge=1, description="training steps per grid run; null = train.steps")

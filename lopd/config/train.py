@@ -1,0 +1,89 @@
+"""The ``train`` section: the final runs, every arm × every seed."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from lopd.config.section import Section
+from lopd.config.stages import ARMS
+
+
+class TrainParams(Section):
+    """The final runs (stages train@/evaluate@ and train_extra@/evaluate_extra@) and the shared
+    training loop's knobs (lopd.training.trainer)."""
+
+    arms: list[str] = Field(description="arms run with every seed of train.seeds (lopd.arms)")
+    seeds: list[int] = Field(description="training seeds of every arm: stages train@{arm}-{seed}, "
+                                         "evaluate@{arm}-{seed}")
+    # more seeds for some arms (stages train_extra@/evaluate_extra@): the falsification rule's arms
+    # need >= 10 seeds, the other arms fewer (a DVC matrix is a full cross product, hence two)
+    extra_arms: list[str] = Field(description="arms of train.arms that also run train.extra_seeds (the "
+                                              "falsification rule's arms need more seeds)")
+    extra_seeds: list[int] = Field(description="more seeds for train.extra_arms, disjoint from train.seeds: "
+                                               "stages train_extra@, evaluate_extra@")
+    steps: int = Field(ge=1, description="training steps per run")
+    tasks_per_step: int = Field(ge=1, description="rollouts per step for every arm (GRPO: tasks_per_step / "
+                                                  "group_size tasks × group_size), so equal steps = equal budgets")
+    group_size: int = Field(ge=1, description="GRPO: rollouts per task whose rewards are normalised together")
+    lr_student: float = Field(gt=0, description="learning rate of the student's LoRA (θ)")
+    lr_composer: float = Field(gt=0, description="learning rate of the composer (φ)")
+    margin: float = Field(ge=0.0, description="m, nats per token: the constraint Δ(φ) ≥ m on the teacher's "
+                                              "log-ratio over the student; used only when use_best_params is false")
+    K: int = Field(ge=1, description="latent tokens per retrieved experience (≤ cold_start.k_max); used only "
+                                     "when use_best_params is false")
+    n_ret: int = Field(ge=1, description="retrieved experiences per task (≤ cold_start.n_ret_max); used only "
+                                         "when use_best_params is false")
+    lambda_anchor: float = Field(ge=0.0, description="λ: weight of the anchor λ‖c_φ − c_φ0‖² keeping the "
+                                                     "latents near the cold start")
+    eta_beta: float = Field(ge=0.0, description="η_β: dual-ascent step of β ← max(0, β + η_β (m − Δ(φ)))")
+    beta_init: float = Field(ge=0.0, description="β at step 0 (the margin's Lagrange multiplier)")
+    top_m: int = Field(ge=1, description="support of the distillation KL(π_S ‖ π_T) (reverse KL, student "
+                                         "first): top-M tokens plus one tail bucket")
+    support: Literal["teacher", "student", "union"] = Field(description="whose top-M tokens form that support: "
+                                                                        "teacher, student, or their union")
+    temperature: float = Field(gt=0, description="sampling temperature of training rollouts")
+    rollout_budget: int | None = Field(ge=1, description="if set, steps = rollout_budget / tasks_per_step for "
+                                                         "every arm; null = train.steps")
+    val_every: int = Field(ge=1, description="validate every this many steps (learning curves)")
+    val_tasks: int = Field(ge=1, description="val tasks in each intermediate validation")
+    val_samples_per_task: int = Field(ge=1, description="validation rollouts per task, the same sampling seeds "
+                                                        "in every run of a seed")
+    checkpoint_every: int = Field(ge=1, description="checkpoint every this many steps (a killed run resumes)")
+    beta_max: float = Field(gt=0, description="β above this marks the margin infeasible (tag infeasible_margin)")
+    infeasible_patience: int = Field(ge=1, description="consecutive steps with Δ(φ) < m that mark the margin "
+                                                       "infeasible")
+    use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
+                                              "(hpo/best_params.yaml); false: from this section")
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, v):
+        bad = [a for a in v if a not in ARMS]
+        if bad:
+            raise ValueError(f"unknown arm(s) {bad}; known arms: {', '.join(ARMS)}")
+        if len(set(v)) != len(v) or not v:
+            raise ValueError("train.arms must be a non-empty list without duplicates")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v):
+        if not v or len(set(v)) != len(v) or any(s < 0 for s in v):
+            raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative integers, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _extra(self):
+        if len(set(self.extra_arms)) != len(self.extra_arms) or not set(self.extra_arms) <= set(self.arms):
+            raise ValueError(f"train.extra_arms must be distinct arms of train.arms {self.arms}, got {self.extra_arms}")
+        s = self.extra_seeds
+        if len(set(s)) != len(s) or any(x < 0 for x in s) or set(s) & set(self.seeds):
+            raise ValueError(f"train.extra_seeds must be distinct non-negative integers not in train.seeds "
+                             f"{self.seeds}, got {s}")
+        return self
+
+    def seeds_of(self, arm: str) -> list[int]:
+        """Every training seed of ``arm``: ``seeds``, plus ``extra_seeds`` if it is an extra arm."""
+        return [*self.seeds, *(self.extra_seeds if arm in self.extra_arms else [])]
