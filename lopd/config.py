@@ -221,6 +221,11 @@ class TrainParams(_Section):
     beta_max: float = Field(gt=0)
     infeasible_patience: int = Field(ge=1)
     use_best_params: bool
+    per_seed_draws: bool = Field(description=(
+        "true: training seed s of the final runs uses its own experience-bank and cold-start draw "
+        "(models/draws/bank-<s>, cold_start-<s>, seeded derive_seed('bank-draw', bank.seed, s) and "
+        "derive_seed('cold-start-draw', cold_start.seed, s)), so the rule's seed-level tests cover those draws; "
+        "false: every draw is seeded bank.seed / cold_start.seed, i.e. one draw shared by every seed"))
 
     @field_validator("arms")
     @classmethod
@@ -344,6 +349,12 @@ class DesignParams(_Section):
     effect: float = Field(gt=0, lt=1)  # content effect lopd − control (= lopd − base), mean test reward
     n_seeds: int = Field(ge=2)  # seeds of every arm the rule names
     seed_sd: float = Field(ge=0)  # training-seed sd of an arm's mean test reward
+    draw_sd: float = Field(ge=0, description=(
+        "sd of the shift one bank and cold-start draw gives the mean test reward of an arm that uses them "
+        "(every arm with a retrieval or learned context); base-like arms get none"))
+    draw_corr: float = Field(ge=0, le=1, description=(
+        "correlation of that shift between two such arms at the same draw (they share the bank and phi0); "
+        "0.5 makes every contrast's between-draw sd equal draw_sd"))
     n_tasks: int = Field(ge=1)
     samples_per_task: int = Field(ge=1)
     task_reward_low: float = Field(ge=0, le=1)  # per-task success probabilities ~ U(low, high)
