@@ -271,8 +271,8 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
 
 
 def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
-    """One more seed in train.seeds: its train and evaluate jobs and the report run, nothing else;
-    the existing runs' outputs are untouched."""
+    """One more seed in train.seeds: its upstream draw (bank and cold start), its train and evaluate jobs and
+    the report run, nothing else; the existing runs' outputs are untouched."""
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     arms, new = params["train"]["arms"], max(params["train"]["seeds"] + params["train"]["extra_seeds"]) + 1
@@ -282,6 +282,7 @@ def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
     r = run_cmd([str(BIN / "dvc"), "repro"], repo, 900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     want = {f"train@{a}-{new}" for a in arms} | {f"evaluate@{a}-{new}" for a in arms} | {"report"}
+    want |= {f"bank_draw@{new}", f"cold_start_draw@{new}"}
     assert set(_ran(r.stdout)) == want, sorted(set(_ran(r.stdout)) ^ want)
     assert all(p.read_bytes() == b for p, b in old.items())
 
