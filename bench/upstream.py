@@ -69,8 +69,10 @@ def _params(args) -> dict:
 
 
 def _lopd(root: Path, *argv: str) -> None:
+    from lopd import data
     from lopd.cli import run_in_process
 
+    data.ACCESS_LOG.clear()  # one process per stage in the pipeline: each records only its own split reads
     rc = run_in_process(["--params", str(root / "params.yaml"), *argv])
     if rc != 0:
         raise SystemExit(f"lopd {' '.join(argv)} in {root} exited {rc}")
