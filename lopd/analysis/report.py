@@ -80,7 +80,8 @@ def _design_note(params, rule: Rule, fal: dict) -> str:
             f"between two such arms at one draw; none for base), {d.n_tasks} test tasks × {d.samples_per_task} "
             f"samples. Simulated with {how} (lopd.analysis.calibration, {d.n_sim} experiments per figure, ± "
             f"Monte-Carlo s.e.): power of the full rule at that effect {pct(rates['design'])} with {d.n_seeds} "
-            f"seeds{used}; false-claim rate (α = {rule.alpha:g}) with no content effect: "
+            f"seeds{'' if rates['design'] >= d.power else f' (under the {d.power:.0%} report.design.power asks)'}"
+            f"{used}; false-claim rate (α = {rule.alpha:g}) with no content effect: "
             + ", ".join(f"{n.replace('_', ' ')} {pct(rates[n])}" for n in NULLS)
             + f". With {'one shared draw' if per_seed else 'a draw per seed'} instead: power {pct(other['design'])}, "
             f"false-claim rate least favourable {pct(other['least_favourable'])}.")
