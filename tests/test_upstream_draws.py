@@ -91,9 +91,9 @@ def test_a_draw_that_is_no_final_seed_is_bad_input(workspace, tmp_path, capsys, 
     from lopd.cli import main
 
     pp = _draw_root(workspace, tmp_path)
-    rc = main(["--params", str(pp), cmd, "--draw", "7"])
+    rc = main(["--params", str(pp), cmd, "--draw", "99"])
     err = capsys.readouterr().err
-    assert rc == 2 and "draw 7" in err and "train.seeds" in err, err
+    assert rc == 2 and "draw 99" in err and "train.seeds" in err, err
     assert not (tmp_path / "models" / "draws").exists()
 
 
