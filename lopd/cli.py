@@ -41,8 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("validate", help="validate the params and exit")
     sub.add_parser("prepare", help="write the sealed train/val/test splits")
     sub.add_parser("base", help="train (or fingerprint) the base policy and evaluate it on val")
-    sub.add_parser("bank", help="build the experience bank from base rollouts on train")
-    sub.add_parser("cold-start", help="composer cold start (phi0)")
+    for name, text in (("bank", "build the experience bank from base rollouts on train"),
+                       ("cold-start", "composer cold start (phi0)")):
+        d = sub.add_parser(name, help=text)
+        d.add_argument("--draw", type=int, default=None, help="upstream draw of the final runs' training seed DRAW "
+                       "(models/draws/); default: the shared draw (models/bank, models/cold_start)")
     sub.add_parser("probe", help="privilege probe: teacher delta with relevant/shuffled/none context on val")
     h = sub.add_parser("hpo", help="validation-only search over margin, K, n_ret")
     h.add_argument("--worker", action="store_true", help="join the existing study as an extra worker")
@@ -233,13 +236,21 @@ def _fingerprint(args, start_recording) -> int:
 
 
 def _check_arm_and_seed(params, args) -> None:
-    """Before anything is written: an unknown arm, or a seed that is not one of the arm's
-    (``train.seeds``, plus ``train.extra_seeds`` for ``train.extra_arms``), is bad input."""
+    """Before anything is written: an unknown arm, a seed that is not one of the arm's (``train.seeds``,
+    plus ``train.extra_seeds`` for ``train.extra_arms``), or an upstream draw (``--draw``) that is not a
+    seed of the final runs, is bad input."""
+    from lopd.config import unrecorded
+    from lopd.errors import BadInput
+
+    if args.cmd in ("bank", "cold-start") and args.draw is not None:
+        with unrecorded():  # the dvc.yaml matrix guarantees it, as for train
+            final = [*params.train.seeds, *params.train.extra_seeds]
+        if args.draw not in final:
+            raise BadInput(f"draw {args.draw} is not a seed of the final runs "
+                           f"(train.seeds + train.extra_seeds {final})")
     if args.cmd not in ("train", "evaluate"):
         return
     from lopd.arms import get_arm
-    from lopd.config import unrecorded
-    from lopd.errors import BadInput
 
     get_arm(args.arm)
     with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
@@ -253,6 +264,8 @@ def _run_stage(stage, params, paths, args) -> None:
         stage.run(params, paths, args.arm, args.seed)
     elif args.cmd == "hpo":
         stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
+    elif args.cmd in ("bank", "cold-start"):
+        stage.run(params, paths, draw=args.draw)
     else:
         stage.run(params, paths)
 

@@ -38,6 +38,20 @@ class Paths:
     def cold_start(self) -> Path:
         return self.root / "models" / "cold_start"
 
+    def bank_draw(self, draw: int) -> Path:
+        """The experience bank of upstream draw ``draw`` (= the training seed of the final runs)."""
+        return self.root / "models" / "draws" / f"bank-{draw}"
+
+    def cold_start_draw(self, draw: int) -> Path:
+        """φ0 cold-started on :meth:`bank_draw` ``(draw)``."""
+        return self.root / "models" / "draws" / f"cold_start-{draw}"
+
+    def upstream(self, draw: int | None) -> tuple[Path, Path]:
+        """(bank, φ0) directories of upstream draw ``draw``; ``None``: the shared draw."""
+        if draw is None:
+            return self.bank, self.cold_start
+        return self.bank_draw(draw), self.cold_start_draw(draw)
+
     @property
     def hpo(self) -> Path:
         return self.root / "hpo"

@@ -1,9 +1,9 @@
 """Shared fixtures.
 
 ``workspace``: a session-wide scratch directory holding the outputs of the early pipeline
-stages (prepare → base → bank → cold_start) run on a *tiny* profile, so tests of the
-trainer, arms, checkpoints and search can start from real artefacts in seconds. Paths are
-rooted at the workspace (``workspace.paths``), never at the working directory; tests must not
+stages (prepare → base → bank → cold_start, and each training seed's bank and cold-start draw) run on a
+*tiny* profile, so tests of the trainer, arms, checkpoints and search can start from real artefacts in
+seconds. Paths are rooted at the workspace (``workspace.paths``), never at the working directory; tests must not
 modify the shared artefacts (write under their own ``tmp_path``).
 
 ``smoke_recorded``: the whole smoke pipeline (``dvc repro`` in a clean copy of the repository,
@@ -76,8 +76,9 @@ def workspace(tmp_path_factory) -> Workspace:
     pp.write_text(yaml.safe_dump(raw))
     from lopd.cli import main
 
-    for cmd in ("prepare", "base", "bank", "cold-start"):
-        rc = main(["--params", str(pp), cmd])
+    draws = [[cmd, "--draw", str(s)] for s in raw["train"]["seeds"] for cmd in ("bank", "cold-start")]
+    for cmd in (["prepare"], ["base"], ["bank"], ["cold-start"], *draws):  # the draws: what `lopd train` reads
+        rc = main(["--params", str(pp), *cmd])
         assert rc == 0, f"workspace stage {cmd} failed with {rc}"
     return Workspace(root=root, params_path=pp)
 

@@ -103,7 +103,8 @@ def test_every_stage_declares_exactly_what_it_reads(smoke_recorded):
     stages = {json.loads(p.read_text())["stage"] for p in records}
     assert {"prepare", "base", "bank", "cold_start", "probe", "hpo", "sensitivity", "report", "code_train",
             "code_evaluate"} <= stages
-    for kind in ("train@", "evaluate@", "train_extra@", "evaluate_extra@"):
+    for kind in ("train@", "evaluate@", "train_extra@", "evaluate_extra@", "bank_draw@", "cold_start_draw@",
+                 "bank_draw_extra@", "cold_start_draw_extra@"):
         assert any(s.startswith(kind) for s in stages), kind
     problems = []
     for rec in merged_by_stage([json.loads(p.read_text()) for p in records]):

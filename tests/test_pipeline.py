@@ -27,7 +27,7 @@ def test_only_evaluate_depends_on_the_test_split():
     offenders = {s: d for s, d in offenders.items() if d and s not in ("evaluate", "evaluate_extra")}
     assert not offenders, f"stages other than evaluate depend on the test split: {offenders}"
     assert any(_reads_test(d) for d in _stage_deps(dvc)["evaluate"]), "evaluate must read the test split"
-    for kind in ("train", "evaluate"):  # the extra-seed stages are the same stages over other seeds
+    for kind in ("train", "evaluate", "bank_draw", "cold_start_draw"):  # the extra-seed stages: the same over other seeds
         extra = dvc["stages"][f"{kind}_extra"]
         assert {k: v for k, v in extra.items() if k != "matrix"} == {
             k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
@@ -200,8 +200,18 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
             expected += [f"runs/{a}-{s}/result.json", f"runs/{a}-{s}/history.csv", f"runs/{a}-{s}/student.safetensors",
                          f"runs/{a}-{s}/splits_read.json", f"results/eval/{a}-{s}/result.json",
                          f"results/eval/{a}-{s}/per_task.json"]
+    final_seeds = [*seeds, *params["train"]["extra_seeds"]]
+    expected += [f"models/draws/{f}" for s in final_seeds for f in (f"bank-{s}/manifest.json",
+                                                                   f"cold_start-{s}/phi0.safetensors")]
     missing = [e for e in expected if not (repo / e).exists()]
     assert not missing, f"missing outputs: {missing}"
+    # train.per_seed_draws (default): every final seed has its own bank and φ0 draw, none the shared one
+    assert params["train"]["per_seed_draws"] is True
+    phi0 = [(repo / f"models/draws/cold_start-{s}/phi0.safetensors").read_bytes() for s in final_seeds]
+    phi0.append((repo / "models/cold_start/phi0.safetensors").read_bytes())
+    assert len(set(phi0)) == len(phi0), "two upstream draws share their φ0"
+    seeds_used = [json.loads((repo / f"models/draws/bank-{s}/manifest.json").read_text())["seed"] for s in final_seeds]
+    assert len(set(seeds_used)) == len(final_seeds) and params["bank"]["seed"] not in seeds_used, seeds_used
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert set(summary["test_reward"]) == set(arms)
     # MLflow: one tree per experiment, the report on its parent, no run left RUNNING
@@ -261,8 +271,8 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
 
 
 def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
-    """One more seed in train.seeds: its train and evaluate jobs and the report run, nothing else;
-    the existing runs' outputs are untouched."""
+    """One more seed in train.seeds: its upstream draw (bank and cold start), its train and evaluate jobs and
+    the report run, nothing else; the existing runs' outputs are untouched."""
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     arms, new = params["train"]["arms"], max(params["train"]["seeds"] + params["train"]["extra_seeds"]) + 1
@@ -272,6 +282,7 @@ def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
     r = run_cmd([str(BIN / "dvc"), "repro"], repo, 900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     want = {f"train@{a}-{new}" for a in arms} | {f"evaluate@{a}-{new}" for a in arms} | {"report"}
+    want |= {f"bank_draw@{new}", f"cold_start_draw@{new}"}
     assert set(_ran(r.stdout)) == want, sorted(set(_ran(r.stdout)) ^ want)
     assert all(p.read_bytes() == b for p, b in old.items())
 

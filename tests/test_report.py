@@ -244,9 +244,11 @@ def test_planted_effect_claim_and_the_rule_comes_first(planted):
              fal.index("## Verdict")]
     assert order == sorted(order) and not any(ch.isdigit() for ch in fal[:fal.index(rule)].replace("#", ""))
     assert CLAIM_SENTENCE in fal and NO_CLAIM_SENTENCE not in fal and DESIGN_OK in fal
-    # what the intervals cover is stated before the tests: the training seed only, one upstream draw
+    # what the intervals cover is stated before the tests: with per-seed draws (the default), the training seed
+    # and the bank and cold-start draws, not the base draw
     assert fal.index("## What the confidence intervals cover") < fal.index("## Tests")
-    assert "**The training seed only.**" in fal and "A verdict here is a verdict about this draw." in fal
+    assert "**The training seed and the bank and cold-start draws, not the base draw.**" in fal
+    assert "a verdict here is a verdict about this base policy" in fal and "**The training seed only.**" not in fal
     f = summary["falsification"]
     assert f["gain"] and f["content"] and f["claim"] and f["claim_robust"] and f["design_can_reject"]
     # the statistics are scipy's paired t-test on the per-seed test rewards, one-sided
@@ -258,7 +260,21 @@ def test_planted_effect_claim_and_the_rule_comes_first(planted):
         assert row["diff"] == pytest.approx(np.mean(test["lopd"] - test[ctrl]))
     assert f["tests"]["lopd > lopd_shuffled"]["diff"] == pytest.approx(0.3, abs=0.02)
     assert "Premise gate (results/probe/result.json): **holds** (δ relevant = 0.2100; δ shuffled = -0.0400)" in fal
-    assert "Simulated power of the full rule" in fal
+    assert "Simulated with each training seed its own bank and cold-start draw" in fal
+    assert "power of the full rule at that effect" in fal and "false-claim rate (α = 0.05) with no content effect: " \
+        "global null" in fal and "least favourable" in fal and "upstream-draw sd 0.009" in fal
+
+
+def test_with_one_shared_draw_the_report_says_the_intervals_cover_the_seed_only(tmp_path):
+    """train.per_seed_draws: false (the old design): the scope and the design note say one shared draw."""
+    make_fixture(tmp_path, probe={"premise_holds": True, "by_mode": {}})
+    raw = deep_merge(read_yaml_mapping(REPO / "params.yaml"), {"report": {"n_boot": 200},
+                                                               "train": {"per_seed_draws": False}})
+    build_report(parse_params(raw), tmp_path)
+    fal = _read(tmp_path, "falsification.md")
+    assert "**The training seed only.**" in fal and "A verdict here is a verdict about this draw." in fal
+    assert "Simulated with one bank and cold-start draw shared by every seed" in fal
+    assert "**The training seed and the bank and cold-start draws" not in fal
 
 
 def test_main_table_and_comparisons(planted):
@@ -395,7 +411,7 @@ def _rule_only(root: Path, **report) -> tuple[dict, str]:
     evals = load_evals(root)
     table, _ = load_task_table(evals)
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast_fn(table), 200)
-    return fal, render(rule, fal, load_premise(root), "(design note)")
+    return fal, render(rule, fal, load_premise(root), "(design note)", "(scope)")
 
 
 def test_no_gain_fails_part_one_and_says_so(tmp_path):
@@ -542,7 +558,7 @@ def test_one_content_control_passing_does_not_carry_part_two():
     assert (r["diff"], r["t"], r["p"], r["p_exact"], r["reject"]) == (0.0, 0.0, 0.5, 0.625, False)
     assert fal["verdict"] == {"gain": True, "gain_robust": True, "content": False, "content_robust": False,
                               "claim": False, "claim_robust": False}
-    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)")
+    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)", "(scope)")
     assert "- Part (i) LOPD has a gain: **holds**." in md
     assert "- Part (ii) content drives it: **fails** (lopd > lopd_unrelated: p = 0.5000 not < 0.05)." in md
     assert f"**{NO_CLAIM_SENTENCE}**: part (ii) content drives it failed." in md and f"**{CLAIM_SENTENCE}**" not in md
@@ -566,7 +582,7 @@ def test_each_test_uses_only_the_seeds_its_arms_share():
     assert (u["n"], u["missing"], u["reject"]) == (0, [], False) and "diff" not in u
     assert fal["design"] == {"n_min": 0, "floor": 1.0, "can_reject": False}
     assert not fal["verdict"]["content"] and not fal["verdict"]["claim"]
-    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)")
+    md = render(rule, fal, {"path": "results/probe/result.json", "status": "holds", "delta": {}}, "(note)", "(scope)")
     assert "| (ii) content drives it | lopd > lopd_unrelated | 0 | no shared seeds |" in md
     assert f"**{DESIGN_FLAG}: a test of the rule has no paired seeds" in md
 
@@ -609,7 +625,7 @@ def test_a_failed_premise_gate_is_rendered_as_not_holding(tmp_path):
                        "delta": {"relevant": 0.0125, "shuffled": 0.03}}
     rule = _rule()
     fal = analyse(rule, {a: {0: 1.0, 1: 0.5} for a in rule.arms()})
-    md = render(rule, fal, premise, "(note)")
+    md = render(rule, fal, premise, "(note)", "(scope)")
     gate = md[md.index("## Premise gate"):md.index("## Design check")]
     assert ("Premise gate (results/probe/result.json): **does not hold** (δ relevant = 0.0125; δ shuffled = 0.0300)."
             in gate) and "**holds**" not in gate

@@ -198,17 +198,32 @@ def _verdict_lines(rule: Rule, analysis: dict) -> list[str]:
     return out
 
 
-CI_SCOPE = ("**The training seed only.** Every seed of every arm shares one draw of the upstream randomness: the "
-            "base policy (`base.seed`), the experience bank (`bank.seed`) and the cold-started composer φ0 "
-            "(`cold_start.seed`). The intervals and p-values below describe the spread over training seeds given that "
-            "draw, not over draws. On the earlier 24-step pipeline, three bank and cold-start draws moved the content "
-            "contrasts by about 0.01 (between-draw sd 0.002–0.009 per contrast), as large as the seed-level CI "
-            "half-widths; that spread has not been remeasured at this horizon. A verdict here is a verdict about "
-            "this draw.")
+SHARED_DRAW_SCOPE = (
+    "**The training seed only.** Every seed of every arm shares one draw of the upstream randomness: the "
+    "base policy (`base.seed`), the experience bank (`bank.seed`) and the cold-started composer φ0 "
+    "(`cold_start.seed`). The intervals and p-values below describe the spread over training seeds given that "
+    "draw, not over draws. On the earlier 24-step pipeline, three bank and cold-start draws moved the content "
+    "contrasts by about 0.01 (between-draw sd 0.002–0.009 per contrast), as large as the seed-level CI "
+    "half-widths; that spread has not been remeasured at this horizon. A verdict here is a verdict about "
+    "this draw.")
+PER_SEED_DRAW_SCOPE = (
+    "**The training seed and the bank and cold-start draws, not the base draw.** Training seed s of every arm "
+    "uses its own experience bank and cold-started composer φ0 (`train.per_seed_draws: true`: draw s, seeded "
+    "from `bank.seed`, `cold_start.seed` and s, in `models/draws/`), so each unit of the paired tests below is a "
+    "(draw, seed) pair, and the intervals and p-values cover the spread over bank and cold-start draws as well as "
+    "over training seeds. They do not cover the base policy: every seed shares its one draw (`base.seed`, not "
+    "replicated: its pretraining is the most expensive stage), so a verdict here is a verdict about this base "
+    "policy. The search, probe and sensitivity use the shared draw (`models/bank`, `models/cold_start`).")
 
 
-def render(rule: Rule, analysis: dict, premise: dict, design_note: str) -> str:
-    """``falsification.md``: rule text and structure (no data), premise gate, design check, tests, verdict."""
+def ci_scope(per_seed_draws: bool) -> str:
+    """What the intervals of the rule's tests cover, given how the final runs drew the bank and φ0."""
+    return PER_SEED_DRAW_SCOPE if per_seed_draws else SHARED_DRAW_SCOPE
+
+
+def render(rule: Rule, analysis: dict, premise: dict, design_note: str, scope: str) -> str:
+    """``falsification.md``: rule text and structure (no data), premise gate, design check, what the intervals
+    cover (``scope``, :func:`ci_scope`), tests, verdict."""
     d = analysis["design"]
     md = ["# Falsification test", "", "## Pre-registered rule", "", f"> {rule.text}", "", "Structure "
           "(params.yaml, report.rule):", *_structure(rule), "", design_note, "", *_premise_lines(premise),
@@ -225,6 +240,6 @@ def render(rule: Rule, analysis: dict, premise: dict, design_note: str) -> str:
         md.append(f"**{DESIGN_FLAG}: with n = {d['n_min']} paired seeds the smallest attainable one-sided exact "
                   f"sign-flip p is {fmt_p(d['floor'])}, not below α = {rule.alpha}: the exact test cannot reject "
                   "whatever the effect, so the verdict is not robustly decidable with this many seeds.**")
-    md += ["", "## What the confidence intervals cover", "", CI_SCOPE,
+    md += ["", "## What the confidence intervals cover", "", scope,
            "", "## Tests", "", _test_table(analysis), "", "## Verdict", "", *_verdict_lines(rule, analysis)]
     return "\n".join(md)

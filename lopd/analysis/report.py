@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 
 from lopd.analysis import audits, dynamics, figures, plotdata, search_report, tables
-from lopd.analysis.calibration import claim_rates, scenarios
-from lopd.analysis.falsification import Rule, analyse, render
+from lopd.analysis.calibration import NULLS, design_rates
+from lopd.analysis.falsification import Rule, analyse, ci_scope, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
                                    task_contrast_fn, values)
 from lopd.analysis.render import write_text
@@ -58,20 +58,33 @@ def _missing_inputs(root: Path, runs, evals) -> list[str]:
 
 
 def _design_note(params, rule: Rule, fal: dict) -> str:
-    """The design the rule is sized for, and the simulated power of the full rule at the design effect."""
-    d = params.report.design
-    effects = scenarios(rule, d.effect)["design"]
-    def power(n: int) -> str:
-        p = claim_rates(rule, effects, d, n_exp=d.n_sim, n_seeds=n)["claim"]
-        return f"{p:.0%} ± {(p * (1 - p) / d.n_sim) ** 0.5:.0%}"
+    """The design the rule is sized for, and the simulated false-claim rates and power of the full rule at the
+    design effect, with the upstream draws as the final runs drew them (``train.per_seed_draws``)."""
+    d, per_seed = params.report.design, params.train.per_seed_draws
 
+    def pct(p: float) -> str:
+        return f"{p:.1%} ± {(p * (1 - p) / d.n_sim) ** 0.5:.1%}"
+
+    rates = design_rates(rule, d, per_seed_draws=per_seed)
     n_used = fal["design"]["n_min"]
-    used = f"; with the {n_used} paired seeds of this run: {power(n_used)}" if 2 <= n_used != d.n_seeds else ""
+    used = ""
+    if 2 <= n_used != d.n_seeds:
+        at_used = design_rates(rule, d, per_seed_draws=per_seed, n_seeds=n_used)["design"]
+        used = f"; with the {n_used} paired seeds of this run: {pct(at_used)}"
+    other = design_rates(rule, d, per_seed_draws=not per_seed)
+    how = ("each training seed its own bank and cold-start draw (train.per_seed_draws: true, as these runs)" if per_seed
+           else "one bank and cold-start draw shared by every seed (train.per_seed_draws: false, as these runs)")
     return (f"Design (report.design): sized for a content effect of {d.effect:g} in mean test reward (treatment − "
             f"every other arm of the rule) with {d.n_seeds} seeds per arm of the rule, training-seed sd {d.seed_sd:g}, "
-            f"{d.n_tasks} test tasks × {d.samples_per_task} samples. Simulated power of the full rule at that effect "
-            f"(lopd.analysis.calibration, {d.n_sim} experiments, ± Monte-Carlo s.e.): {power(d.n_seeds)} with "
-            f"{d.n_seeds} seeds{used}.")
+            f"upstream-draw sd {d.draw_sd:g} for every arm that uses the bank and φ0 (correlation {d.draw_corr:g} "
+            f"between two such arms at one draw; none for base), {d.n_tasks} test tasks × {d.samples_per_task} "
+            f"samples. Simulated with {how} (lopd.analysis.calibration, {d.n_sim} experiments per figure, ± "
+            f"Monte-Carlo s.e.): power of the full rule at that effect {pct(rates['design'])} with {d.n_seeds} "
+            f"seeds{'' if rates['design'] >= d.power else f' (under the {d.power:.0%} report.design.power asks)'}"
+            f"{used}; false-claim rate (α = {rule.alpha:g}) with no content effect: "
+            + ", ".join(f"{n.replace('_', ' ')} {pct(rates[n])}" for n in NULLS)
+            + f". With {'one shared draw' if per_seed else 'a draw per seed'} instead: power {pct(other['design'])}, "
+            f"false-claim rate least favourable {pct(other['least_favourable'])}.")
 
 
 def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra) -> dict:
@@ -117,7 +130,8 @@ def build_report(params, root: Path = Path(".")) -> dict:
     cmp = tables.comparisons(params, evals, rule.treatment, task_contrast)
     tables.write_comparisons(out, params, cmp)
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
-    write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal)))
+    write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal),
+                                                ci_scope(params.train.per_seed_draws)))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
     search = search_report.load_search(root)
     write_text(out / "search.md", search_report.render_search(search, runs))

@@ -41,6 +41,12 @@ class DesignParams(Section):
                                                   "reward")
     n_seeds: int = Field(ge=2, description="seeds of every arm the rule names")
     seed_sd: float = Field(ge=0, description="training-seed sd of an arm's mean test reward")
+    draw_sd: float = Field(ge=0, description=(
+        "sd of the shift one bank and cold-start draw gives the mean test reward of an arm that uses them "
+        "(every arm with a retrieval or learned context); base-like arms get none"))
+    draw_corr: float = Field(ge=0, le=1, description=(
+        "correlation of that shift between two such arms at the same draw (they share the bank and phi0); "
+        "0.5 makes every contrast's between-draw sd equal draw_sd"))
     n_tasks: int = Field(ge=1, description="test tasks in the simulated evaluation")
     samples_per_task: int = Field(ge=1, description="test rollouts per task in the simulated evaluation")
     task_reward_low: float = Field(ge=0, le=1, description="per-task success probabilities ~ U(low, high): low")

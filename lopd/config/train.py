@@ -56,6 +56,11 @@ class TrainParams(Section):
                                                        "infeasible")
     use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
                                               "(hpo/best_params.yaml); false: from this section")
+    per_seed_draws: bool = Field(description=(
+        "true: training seed s of the final runs uses its own experience-bank and cold-start draw "
+        "(models/draws/bank-<s>, cold_start-<s>, seeded derive_seed('bank-draw', bank.seed, s) and "
+        "derive_seed('cold_start-draw', cold_start.seed, s)), so the rule's seed-level tests cover those draws; "
+        "false: every draw is seeded bank.seed / cold_start.seed, i.e. one draw shared by every seed"))
 
     @field_validator("arms")
     @classmethod

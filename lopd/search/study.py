@@ -77,7 +77,9 @@ def study_name(params, dep_files: list[Path]) -> str:
     from lopd.utils import sha256_path
 
     # which runs the final matrix holds is not part of a trial (adding a seed must not restart the search)
-    train = params.train.model_dump(exclude={"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params"})
+    # nor is how the final runs draw the bank and φ0 (the search always uses the shared draw)
+    train = params.train.model_dump(exclude={"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params",
+                                             "per_seed_draws"})
     setup = [sha256_path(f) for f in dep_files] + [train]
     setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
     return f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"

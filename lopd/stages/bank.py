@@ -7,10 +7,10 @@ from lopd import data as data_mod
 from lopd.config import Params
 from lopd.errors import RunFailed
 from lopd.paths import Paths
-from lopd.stages.common import experience_task, load_backbone, splits_read
+from lopd.stages.common import experience_task, load_backbone, splits_read, upstream_seed
 
 
-def _successes(params: Params, bb, envs, train) -> list:
+def _successes(params: Params, bb, envs, train, seed: int) -> list:
     import torch
 
     from lopd.bank import Experience
@@ -18,7 +18,7 @@ def _successes(params: Params, bb, envs, train) -> list:
     from lopd.utils import progress
 
     bp, ev = params.bank, params.evaluate
-    gen = torch.Generator().manual_seed(bp.seed)
+    gen = torch.Generator().manual_seed(seed)
     todo = [t for t in train for _ in range(bp.rollouts_per_task)]
     entries, seen = [], set()
     bb.mode("student")
@@ -43,16 +43,19 @@ def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
     return bank, bank.precision(val, embed_tasks(embedder, bb, val), params.train.n_ret)
 
 
-def run(params: Params, paths: Paths) -> dict:
+def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
+    """``draw=None``: the shared bank (``models/bank``, seed ``bank.seed``); else upstream draw ``draw``
+    (``models/draws/bank-<draw>``, seed :func:`upstream_seed`)."""
     from lopd.engine.evaluation import make_envs
     from lopd.utils import seed_everything
 
     bp = params.bank
+    seed = bp.seed if draw is None else upstream_seed(params, "bank", draw)
     bb = load_backbone(params, paths)
-    seed_everything(bp.seed, params.model.torch_threads)
+    seed_everything(seed, params.model.torch_threads)
     reader = data_mod.SplitReader(paths.splits, role="bank")
     train, val = reader.load("train"), reader.load("val")
-    entries = _successes(params, bb, make_envs(params), train)
+    entries = _successes(params, bb, make_envs(params), train, seed)
     if not entries:
         raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
     bank, prec = _precision(params, bb, entries, val, bp.embedder)
@@ -62,6 +65,9 @@ def run(params: Params, paths: Paths) -> dict:
         precision[other] = _precision(params, bb, entries, val, other)[1]
     except Exception as e:  # noqa: BLE001 - optional comparison; the manifest says why it is missing
         precision[other] = {"error": f"{type(e).__name__}: {e}"}
-    manifest = bank.save(paths.bank, {"retrieval_precision_val": precision, "splits_read": splits_read()})
-    print(f"bank: {len(bank)} experiences {manifest['by_family']}; val retrieval precision {precision}")
+    extra = {} if draw is None else {"draw": draw, "seed": seed}
+    manifest = bank.save(paths.upstream(draw)[0],
+                         {"retrieval_precision_val": precision, "splits_read": splits_read(), **extra})
+    print(f"bank{'' if draw is None else f' draw {draw}'}: {len(bank)} experiences {manifest['by_family']}; "
+          f"val retrieval precision {precision}")
     return manifest

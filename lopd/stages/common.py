@@ -29,8 +29,21 @@ def task_embeddings(params: Params, bb, tasks) -> dict:
     return {t.task_id: e for t, e in zip(tasks, embed_tasks(params.bank.embedder, bb, tasks))}
 
 
-def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = True):
-    """Backbone, bank, φ0 and the train/val tasks shared by every run of a process."""
+def upstream_seed(params: Params, kind: str, draw: int) -> int:
+    """Seed of upstream draw ``draw`` of ``kind`` (``bank`` or ``cold_start``): with
+    ``train.per_seed_draws``, ``derive_seed(f"{kind}-draw", <kind>.seed, draw)`` (BLAKE2b of the key: draws of
+    different seeds are unrelated streams, none equal to the shared draw's); without, ``<kind>.seed`` (every draw
+    is the shared draw that the search, probe and sensitivity use)."""
+    from lopd.engine.sampling import derive_seed
+
+    own = getattr(params, kind).seed
+    return derive_seed(f"{kind}-draw", own, draw) if params.train.per_seed_draws else own
+
+
+def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = True, draw: int | None = None):
+    """Backbone, bank, φ0 and the train/val tasks shared by every run of a process. ``draw=None``: the shared
+    draw (``models/bank``, ``models/cold_start``: the search, probe and sensitivity); else that upstream draw
+    (``models/draws/bank-<draw>``, ``cold_start-<draw>``: final run of training seed ``draw``)."""
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import load_tensors_verified
     from lopd.engine.evaluation import make_envs
@@ -39,8 +52,9 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     bb = load_backbone(params, paths)
     reader = data_mod.SplitReader(paths.splits, role=role)
     train, val = reader.load("train"), reader.load("val")
-    bank = ExperienceBank.load(paths.bank) if need_bank else None
-    phi0 = load_tensors_verified(paths.cold_start / "phi0.safetensors") if need_bank else None
+    bank_dir, cold_dir = paths.upstream(draw)
+    bank = ExperienceBank.load(bank_dir) if need_bank else None
+    phi0 = load_tensors_verified(cold_dir / "phi0.safetensors") if need_bank else None
     res = Resources(params=params, bb=bb, bank=bank, train_tasks=train, val_tasks=val, envs=make_envs(params),
                     phi0=phi0, k_max=params.cold_start.k_max)
     if need_bank:

@@ -14,7 +14,8 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
 
     spec = get_arm(arm)
     world = World.from_env(params.model.device)  # None unless launched by torchrun with >1 process
-    res = load_resources(params, paths, role="train", need_bank=spec.context != "none")
+    # training seed s reads upstream draw s (models/draws/*-s); train.per_seed_draws decides whether those differ
+    res = load_resources(params, paths, role="train", need_bank=spec.context != "none", draw=seed)
     result, meta = run_arm(params, res, arm, seed, paths.run_dir(arm, seed), ckpt_dir=paths.checkpoints / f"{arm}-{seed}",
                            best_params_file=paths.hpo / "best_params.yaml", world=world)
     if world is None or world.is_main:

@@ -88,10 +88,12 @@ def cold_start_losses(bb, comp: Composer, exps, ids, attn, mask, *, K: int, dist
 
 
 def cold_start(bb, bank: ExperienceBank, task_emb: dict, cp, *, k_choices: list[int],
-               on_step=None) -> tuple[Composer, list[dict]]:
-    """Train φ0 (``cp`` = the ``cold_start`` params section); returns the composer and one row per step."""
-    torch.manual_seed(cp.seed)
-    rng = random.Random(cp.seed)
+               on_step=None, seed: int | None = None) -> tuple[Composer, list[dict]]:
+    """Train φ0 (``cp`` = the ``cold_start`` params section) from ``seed`` (default ``cp.seed``); returns the
+    composer and one row per step."""
+    seed = cp.seed if seed is None else seed
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
     comp = Composer(bb, cp.k_max)
     phi = comp.phi_params()
     for p in phi:
