@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import math
 import os
-import random
+import tempfile
 from pathlib import Path
-from typing import Any, Iterable
-
-import numpy as np
+from typing import Any, Iterable, Iterator
 
 
-def seed_everything(seed: int, threads: int | None = None) -> None:
-    """Seed python, numpy and torch; fix the thread count (CPU float reductions depend on it)."""
-    import torch
-
-    from lopd.kernels import pin_threads
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    if threads:
-        pin_threads(threads)
+from lopd.errors import BadInput
 
 
 def _clean(x: Any) -> Any:
@@ -44,16 +33,32 @@ def clean_json(x: Any) -> Any:
     return _clean(x)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file and rename, so a kill never leaves half a file."""
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """The one way every output file is written: yield a fresh temp path beside ``path`` (named
+    ``.<name>.<random>.tmp``), let the caller write it (a library that wants a file name included),
+    then fsync it and rename it over ``path``. A kill leaves either the old file or the new one,
+    never half a file; a failure removes the temp file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_output`."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -202,7 +207,12 @@ def write_code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
 
 
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """The parsed JSON at ``path``; invalid JSON is bad input naming the file (a missing file raises
+    FileNotFoundError for the caller to name in context)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}: not valid JSON: {e}") from None
 
 
 def fmt_num(v: Any) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from lopd.analysis import power as power_mod
 from lopd.analysis import stats as st
-from lopd.analysis.loading import read_json
 from lopd.analysis.render import arm_order, fmt, md_table, write_text
 from lopd.errors import BadInput
-from lopd.utils import content_overlap
+from lopd.utils import content_overlap, read_json
 
 SPLITS = ("train", "val", "test")
 EVAL_STAGE = "evaluate"
@@ -279,8 +279,8 @@ def seed_variance(evals, table: dict) -> list[dict]:
 
 def rule_power(fal: dict, alpha: float, power: float) -> dict:
     """For each pre-registered test: power of the one-sided t-test at the observed effect, the minimum
-    detectable effect and the seeds needed (:func:`st.seeds_needed`); for the whole claim, its power at the
-    observed effects (:func:`st.joint_power` with the contrasts' covariance over the seeds all tests share)
+    detectable effect and the seeds needed (:func:`power_mod.seeds_needed`); for the whole claim, its power at the
+    observed effects (:func:`power_mod.joint_power` with the contrasts' covariance over the seeds all tests share)
     and the smallest n reaching ``power``."""
     rows = []
     for r in fal["tests"]:
@@ -289,17 +289,17 @@ def rule_power(fal: dict, alpha: float, power: float) -> dict:
             continue
         sd = float(np.std(r["contrast"], ddof=1))
         rows.append({"name": r["name"], "n": r["n"], "diff": r["diff"], "sd": sd,
-                     "power": st.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
-                     "mdd": st.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
-                     "needed": st.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
+                     "power": power_mod.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
+                     "mdd": power_mod.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
+                     "needed": power_mod.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
     out = {"tests": rows, "joint": None, "joint_needed": None}
     seeds = [set(r.get("seeds", [])) for r in fal["tests"]]
     common = sorted(set.intersection(*seeds)) if seeds else []
     if len(common) >= 3:
         m = np.array([[r["contrast"][r["seeds"].index(s)] for r in fal["tests"]] for s in common])
         mu, cov = m.mean(axis=0), np.cov(m, rowvar=False)
-        out["joint"] = st.joint_power(mu, cov, len(common), alpha=alpha)
-        out["joint_needed"] = st.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
+        out["joint"] = power_mod.joint_power(mu, cov, len(common), alpha=alpha)
+        out["joint_needed"] = power_mod.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
     return out
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -40,6 +39,7 @@ import time
 from pathlib import Path
 
 from lopd.errors import BadInput
+from lopd.utils import atomic_write_text
 from lopd.launch.plan import Plan, read_plan, ready_stages
 from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
 from lopd.launch.worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
@@ -245,20 +245,25 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
         summary["wall_s"] = round(time.time() - t0, 1)
         fi = summary.get("fan_in")
         summary["ok"] = bool(fi) and fi["rc"] == 0 and not fi["ran"] and fi["status_clean"]
-        (log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        atomic_write_text(log_dir / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 
 @contextlib.contextmanager
 def _exclusive(wt_root: Path, root: Path):
     """One ``lopd launch`` per repository at a time (it owns the worktrees under ``wt_root``)."""
+    from filelock import FileLock, Timeout
+
     wt_root.mkdir(parents=True, exist_ok=True)
-    with open(wt_root / "launch.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+    lock = FileLock(wt_root / "launch.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: str, address, num_cpus, num_gpus,

@@ -45,7 +45,7 @@ def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
 
 def run(params: Params, paths: Paths) -> dict:
     from lopd.engine.evaluation import make_envs
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     bp = params.bank
     bb = load_backbone(params, paths)
