@@ -215,3 +215,18 @@ def worlds_summary(worlds: dict[str, list[World]]) -> dict:
     conv = json.dumps({w.name: w.conventions for p in POOLS for w in worlds[p]}, sort_keys=True)
     return {p: {w.name: w.family for w in worlds[p]} for p in POOLS} | {
         "conventions_sha256": hashlib.sha256(conv.encode()).hexdigest()}
+
+
+def stratified(tasks: list[Task], n: int) -> list[Task]:
+    """The first ``n`` tasks taken round-robin across domains (splits are domain-major, so a plain
+    prefix would validate on one domain only). Deterministic: same split, same subset."""
+    by_dom: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_dom.setdefault(t.domain, []).append(t)
+    out: list[Task] = []
+    queues = [list(v) for v in by_dom.values()]
+    while len(out) < min(n, len(tasks)):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
