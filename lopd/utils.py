@@ -1,4 +1,6 @@
-"""Small shared helpers, written once: seeding, atomic file writes, hashing, JSON cleaning, tables."""
+"""Small shared helpers, written once: atomic file writes, JSON reading and cleaning, hashing, tables.
+
+No torch or numpy: every layer may use it, the launcher and the report included."""
 
 from __future__ import annotations
 
@@ -8,10 +10,9 @@ import hashlib
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Iterator
-
 
 from lopd.errors import BadInput
 
@@ -41,9 +42,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     never half a file; a failure removes the temp file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _new_temp(path)
     try:
         yield tmp
         with open(tmp, "rb+") as f:
@@ -53,6 +52,18 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _new_temp(path: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, with the permissions a plain
+    ``open(path, "w")`` would give (0666 less the umask; ``mkstemp`` would make it 0600)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -98,8 +109,6 @@ def _stage_stanza(root: Path, stage: str) -> tuple[list[str], list[str], str, Pa
     """``stage``'s deps, params keys and one output from ``<root>/dvc.yaml``, and the directory they are
     relative to."""
     import yaml
-
-    from lopd.errors import BadInput
 
     dvc_yaml = root / "dvc.yaml"
     try:
@@ -147,7 +156,6 @@ def param_values(params_file: Path, keys: list[str], stage: str) -> dict[str, An
     """The value of each key in ``params_file``, sorted by key: ``a.b`` is ``raw["a"]["b"]`` and a bare
     section name is the whole section (as DVC resolves a stage's params). A missing key is bad input."""
     from lopd.config import read_yaml_mapping
-    from lopd.errors import BadInput
 
     raw = read_yaml_mapping(params_file)
     values, missing = {}, []
@@ -177,7 +185,6 @@ def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
     SHA-256 covers both: of the lines ``<sha256>  <path>`` (like ``sha256sum``), then one line
     ``<sha256 of the value's sorted-key JSON>  params.yaml:<key>`` per key. Returns the stage's output
     path and the fingerprint. A declared dep or key that does not exist is bad input."""
-    from lopd.errors import BadInput
 
     root = Path(root).resolve()
     deps, keys, out, base = _stage_stanza(root, stage)
