@@ -27,9 +27,10 @@ repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
-# CI runs this: unit suite, the recorded and the warm smoke repro, determinism, report rerun, adding a
+# CI runs this: the import contracts (lint-imports), unit suite, the recorded and the warm smoke repro, determinism, report rerun, adding a
 # seed, kill-anywhere, lopd launch fanning out a toy pipeline (the longest end-to-end tests: test-e2e).
 test: $(BIN)/.installed
+	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
 # The smoke matrix through lopd launch against a serial repro, the lora_r rerun, launch recovery, plots diff.

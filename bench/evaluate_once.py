@@ -41,7 +41,7 @@ def main() -> int:
     from lopd.paths import Paths
     from lopd.stages.evaluate import _evaluate
     from lopd.training.checkpoint import load_tensors_verified
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     print(f"lopd from {Path(lopd.__file__).parent}; run dir {os.getcwd()}")
     params = load_params("params.yaml")

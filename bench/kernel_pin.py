@@ -39,7 +39,7 @@ def _child(kind: str, steps: int) -> None:
         from lopd.training.base_policy import train_base_policy
         from lopd.config import load_params
         from lopd.engine.evaluation import make_envs
-        from lopd.utils import seed_everything
+        from lopd.kernels import seed_everything
 
         p = load_params(REPO / "params.yaml")
         p = p.model_copy(update={"base": p.base.model_copy(update={"steps": steps})})

@@ -24,6 +24,7 @@ import numpy as np
 
 from lopd.envs.base import Task
 from lopd.errors import BadInput
+from lopd.utils import atomic_output, atomic_write_text
 
 BANK_MODES = ("relevant", "shuffled", "unrelated", "none")
 
@@ -128,15 +129,15 @@ class ExperienceBank:
     # --------------------------------------------------------------- files
     def save(self, out_dir: Path, extra: dict | None = None) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "bank.jsonl", "w") as f:
-            for e in self.entries:
-                f.write(json.dumps(e.to_json(), sort_keys=True) + "\n")
-        np.save(out_dir / "embeddings.npy", self.emb)
+        atomic_write_text(out_dir / "bank.jsonl", "".join(json.dumps(e.to_json(), sort_keys=True) + "\n"
+                                                           for e in self.entries))
+        with atomic_output(out_dir / "embeddings.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, self.emb)
         manifest = {"n": len(self), "embedder": self.embedder,
                     "by_family": _counts([e.family for e in self.entries]),
                     "sha256": {n: hashlib.sha256((out_dir / n).read_bytes()).hexdigest()
                                for n in ("bank.jsonl", "embeddings.npy")}, **(extra or {})}
-        (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         return manifest
 
     @classmethod
@@ -175,7 +176,7 @@ def embed_backbone(bb, texts: list[str], batch_size: int = 128) -> np.ndarray:
     """Mean-pooled last hidden states of the frozen base model (adapters off) over ``texts``."""
     import torch
 
-    from lopd.engine.rollout import pad_sequences
+    from lopd.model.chat import pad_sequences
 
     outs = []
     with torch.no_grad():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -112,11 +111,7 @@ def write_splits(out_dir: Path, splits: dict[str, list[Task]], worlds: dict | No
         manifest["worlds"] = worlds
     for split, tasks in splits.items():
         path = out_dir / f"{split}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            for t in tasks:
-                f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(t.to_json(), sort_keys=True) + "\n" for t in tasks))
         manifest["files"][split] = {"path": path.name, "sha256": sha256_file(path), "n": len(tasks),
                                     "content": [content_key(t) for t in tasks]}
     manifest["content_overlap"] = content_overlap({s: e["content"] for s, e in manifest["files"].items()})

@@ -96,3 +96,17 @@ def kernel_record() -> dict:
         "machine": platform.machine(),
         "torch": torch.__version__,
     }
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed python, numpy and torch; fix the thread count (CPU float reductions depend on it)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if threads:
+        pin_threads(threads)

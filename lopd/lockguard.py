@@ -32,10 +32,11 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from lopd.utils import atomic_write_bytes
 
 LOCK_NAME = "dvc.lock"
 KEEP_DIR = ".lopd"
@@ -138,23 +139,8 @@ def lock_problem(text: str, snapshot: str | None = None, *, use_dvc: bool = Fals
 # ---------------------------------------------------------------- snapshots
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _sweep_temps(folder: Path, older_than: float = 60.0) -> None:
-    """Delete temp files of :func:`_atomic_write` left by a killed process (a live writer's are newer)."""
+    """Delete temp files of :func:`lopd.utils.atomic_output` left by a killed process (a live writer's are newer)."""
     for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
         with contextlib.suppress(OSError):
             if time.time() - tmp.stat().st_mtime > older_than:
@@ -188,9 +174,9 @@ def snapshot_lock(repo_root: str | Path, stage: str | None = None) -> bool:
     if lock_problem(text, old.decode("utf-8", "replace") if old is not None else None):
         return False
     _sweep_temps(snap_path.parent)
-    _atomic_write(snap_path, cur)
+    atomic_write_bytes(snap_path, cur)
     meta = {"sha256": hashlib.sha256(cur).hexdigest(), "stage": stage, "time": time.time()}
-    _atomic_write(root / KEEP_DIR / META_NAME, json.dumps(meta).encode())
+    atomic_write_bytes(root / KEEP_DIR / META_NAME, json.dumps(meta).encode())
     return True
 
 
@@ -286,7 +272,7 @@ def _tidy_rwlock(path: Path, say) -> None:
         raise Busy(f"a live DVC process holds paths in {path} ({who})")
     if not infos:
         return
-    _atomic_write(path, b"{}")
+    atomic_write_bytes(path, b"{}")
     stale = "; ".join(sorted({f"pid {i['pid']} ({i.get('cmd')})" for _, _, i in infos}))
     say(f"cleared {len(infos)} stale entries from {path}, left by processes that are gone: {stale}")
 
@@ -336,11 +322,11 @@ def repair_lock(root: Path, say=_say) -> bool:
         say(f"{LOCK_NAME} is missing, but an earlier run kept a complete copy of it.")
     else:
         say(f"{LOCK_NAME} is damaged: {st.problem} (most likely DVC was killed while rewriting it).")
-        _atomic_write(keep / DAMAGED_NAME, st.current)
+        atomic_write_bytes(keep / DAMAGED_NAME, st.current)
     snap_problem = "absent" if st.snapshot is None else lock_problem(st.snapshot.decode("utf-8", "replace"),
                                                                       use_dvc=True)
     if snap_problem is None:
-        _atomic_write(root / LOCK_NAME, st.snapshot)
+        atomic_write_bytes(root / LOCK_NAME, st.snapshot)
         kept = f"kept the damaged file as {keep / DAMAGED_NAME} and " if st.current is not None else ""
         say(f"{kept}restored the last complete lock {keep / SNAPSHOT_NAME} ({len(st.snapshot)} bytes"
             f"{_snapshot_origin(root, st.snapshot)}).")

@@ -1,30 +1,20 @@
-"""Small shared helpers, written once: seeding, atomic file writes, hashing, JSON cleaning, tables."""
+"""Small shared helpers, written once: atomic file writes, JSON reading and cleaning, hashing, tables.
+
+No torch or numpy: every layer may use it, the launcher and the report included."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import math
 import os
-import random
+import secrets
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-import numpy as np
-
-
-def seed_everything(seed: int, threads: int | None = None) -> None:
-    """Seed python, numpy and torch; fix the thread count (CPU float reductions depend on it)."""
-    import torch
-
-    from lopd.kernels import pin_threads
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    if threads:
-        pin_threads(threads)
+from lopd.errors import BadInput
 
 
 def _clean(x: Any) -> Any:
@@ -44,16 +34,42 @@ def clean_json(x: Any) -> Any:
     return _clean(x)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file and rename, so a kill never leaves half a file."""
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """The one way every output file is written: yield a fresh temp path beside ``path`` (named
+    ``.<name>.<random>.tmp``), let the caller write it (a library that wants a file name included),
+    then fsync it and rename it over ``path``. A kill leaves either the old file or the new one,
+    never half a file; a failure removes the temp file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = _new_temp(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _new_temp(path: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, with the permissions a plain
+    ``open(path, "w")`` would give (0666 less the umask; ``mkstemp`` would make it 0600)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_output`."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -93,8 +109,6 @@ def _stage_stanza(root: Path, stage: str) -> tuple[list[str], list[str], str, Pa
     """``stage``'s deps, params keys and one output from ``<root>/dvc.yaml``, and the directory they are
     relative to."""
     import yaml
-
-    from lopd.errors import BadInput
 
     dvc_yaml = root / "dvc.yaml"
     try:
@@ -142,7 +156,6 @@ def param_values(params_file: Path, keys: list[str], stage: str) -> dict[str, An
     """The value of each key in ``params_file``, sorted by key: ``a.b`` is ``raw["a"]["b"]`` and a bare
     section name is the whole section (as DVC resolves a stage's params). A missing key is bad input."""
     from lopd.config import read_yaml_mapping
-    from lopd.errors import BadInput
 
     raw = read_yaml_mapping(params_file)
     values, missing = {}, []
@@ -172,7 +185,6 @@ def code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
     SHA-256 covers both: of the lines ``<sha256>  <path>`` (like ``sha256sum``), then one line
     ``<sha256 of the value's sorted-key JSON>  params.yaml:<key>`` per key. Returns the stage's output
     path and the fingerprint. A declared dep or key that does not exist is bad input."""
-    from lopd.errors import BadInput
 
     root = Path(root).resolve()
     deps, keys, out, base = _stage_stanza(root, stage)
@@ -202,7 +214,12 @@ def write_code_fingerprint(root: str | Path, stage: str) -> tuple[Path, dict]:
 
 
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """The parsed JSON at ``path``; invalid JSON is bad input naming the file (a missing file raises
+    FileNotFoundError for the caller to name in context)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}: not valid JSON: {e}") from None
 
 
 def fmt_num(v: Any) -> str:

@@ -24,7 +24,6 @@ Guarantees kept:
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ import time
 SHELLS = {"sh", "bash", "dash", "zsh", "fish", "ksh"}
 START_TIMEOUT_S = 180.0
 POLL_S = 0.5
+MAX_FDS = 3  # a client sends its stdin, stdout and stderr
 
 
 # --------------------------------------------------------------------------- owner and address
@@ -79,26 +79,20 @@ def wanted(argv: list[str] | None) -> bool:
 
 # --------------------------------------------------------------------------- wire format
 def _send_msg(sock: socket.socket, obj, fds: list[int] | None = None) -> None:
+    """A 4-byte big-endian length, then that many bytes of JSON; ``fds`` ride with the length
+    (``SCM_RIGHTS``, :func:`socket.send_fds`)."""
     data = json.dumps(obj).encode()
-    payload = struct.pack("!I", len(data)) + data
+    head = struct.pack("!I", len(data))
     if fds:
-        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        socket.send_fds(sock, [head], fds)
+        sock.sendall(data)
     else:
-        sock.sendall(payload)
+        sock.sendall(head + data)
 
 
-def _recv_exact(sock: socket.socket, n: int, fds: list[int] | None = None) -> bytes:
-    buf = b""
+def _recv_exact(sock: socket.socket, n: int, buf: bytes = b"") -> bytes:
     while len(buf) < n:
-        if fds is not None and not buf:
-            chunk, anc, _, _ = sock.recvmsg(n, socket.CMSG_SPACE(3 * array.array("i").itemsize))
-            for level, kind, data in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    a = array.array("i")
-                    a.frombytes(data[: len(data) - len(data) % a.itemsize])
-                    fds.extend(a)
-        else:
-            chunk = sock.recv(n - len(buf))
+        chunk = sock.recv(n - len(buf))
         if not chunk:
             raise ConnectionError("connection closed")
         buf += chunk
@@ -106,7 +100,15 @@ def _recv_exact(sock: socket.socket, n: int, fds: list[int] | None = None) -> by
 
 
 def _recv_msg(sock: socket.socket, fds: list[int] | None = None):
-    head = _recv_exact(sock, 4, fds)
+    """One message of :func:`_send_msg`; with ``fds`` given, the descriptors sent with it are appended."""
+    if fds is None:
+        head = _recv_exact(sock, 4)
+    else:
+        first, got, _, _ = socket.recv_fds(sock, 4, MAX_FDS)
+        fds.extend(got)
+        if not first:
+            raise ConnectionError("connection closed")
+        head = _recv_exact(sock, 4, first)
     (n,) = struct.unpack("!I", head)
     return json.loads(_recv_exact(sock, n))
 
@@ -143,8 +145,13 @@ def run_client(argv: list[str]) -> int:
             print("lopd: the warm worker did not start; running in this process (LOPD_WARM=0 skips it)",
                   file=sys.stderr)
             return -1
+    env = dict(os.environ)
+    if env.get("LOPD_RECORD_DIR"):  # the stage's record shows this command's modules too (lopd.cli, ...)
+        from lopd.dispatch import CLIENT_MODULES_ENV, imported_lopd_files
+
+        env[CLIENT_MODULES_ENV] = os.pathsep.join(imported_lopd_files())
     with sock:
-        _send_msg(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)},
+        _send_msg(sock, {"argv": argv, "cwd": os.getcwd(), "env": env},
                   [sys.stdin.fileno() if not sys.stdin.closed else os.open(os.devnull, os.O_RDONLY),
                    sys.stdout.fileno(), sys.stderr.fileno()])
         try:
@@ -158,7 +165,7 @@ def run_client(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- server
 LIBRARIES = ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
              "matplotlib")
-OWN_MODULES = ("lopd.cli", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
+OWN_MODULES = ("lopd.dispatch", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
                "lopd.engine.evaluation", "lopd.training.run", "lopd.search.study", "lopd.training.cold_start", "lopd.training.base_policy",
                "lopd.tracking")
 
@@ -172,7 +179,7 @@ def _preload(own: bool = True) -> None:
     if own:
         from lopd.stages import STAGES
 
-        mods = ["lopd.cli", *(f"lopd.stages.{name}" for name in STAGES), *mods, *OWN_MODULES]
+        mods = [*(f"lopd.stages.{name}" for name in STAGES), *mods, *OWN_MODULES]
     for mod in mods:
         try:
             __import__(mod)
@@ -237,8 +244,7 @@ def _child(conn: socket.socket) -> None:
     threading.Thread(target=_watch_connection, args=(conn,), daemon=True).start()
     rc = 1
     try:
-        import lopd.warm  # noqa: F401 - as in a stage run in its own process, whose `lopd` command imports it first
-        from lopd.cli import run_in_process
+        from lopd.dispatch import run_in_process
 
         rc = run_in_process(req["argv"])
     except SystemExit as e:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lopd.envs.bfcl import BFCLEnv, format_call, parse_call, score
+from lopd.envs.bfcl import BFCLEnv
+from lopd.envs.bfcl_calls import format_call, parse_call, score
 from lopd.errors import BadInput
 from lopd.envs.external import BFCL_DEFAULT_DIR, BFCL_ENV_VAR, FetchError, bfcl_dir, fetch_bfcl
 

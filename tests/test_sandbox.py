@@ -413,12 +413,24 @@ def test_installed_packages_unreadable():
         assert r.status == "refused", (path, r)
 
 
+def test_the_policy_cannot_be_loosened_through_its_module():
+    """The audit policy lives in a module the user code can reach (``sys.modules['audit']``);
+    emptying its sets changes nothing: the hook holds its own frozen copies."""
+    code = ("import sys, os\n"
+            "pol = sys.modules['audit']\n"
+            "for s in (pol.DENY_EXACT, pol.DENY_IMPORT, pol.FRAME_ATTRS, pol.PATH_EVENTS): s.clear()\n"
+            "pol.DENY_PREFIX = ()\n"
+            "def f(x):\n    return os.system('true')")
+    r = assert_not_ok(code)
+    assert r.status == "refused", r
+
+
 def test_child_program_is_the_package_file():
     """What the fork server runs is ``lopd/sandbox/child.py`` with ``plain.py`` (the codec the
     parent uses too): the package's files as they are, and bytecode compiled from exactly those
     bytes (a hash-based .pyc records the hash of its source)."""
     files = server_files()
-    for name in ("child.py", "plain.py"):
+    for name in ("child.py", "audit.py", "plain.py"):
         with open(os.path.join(os.path.dirname(sandbox.__file__), name), "rb") as fh:
             source = fh.read()
         assert child_source(name) == files[name] == source

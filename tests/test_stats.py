@@ -8,20 +8,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from lopd.analysis.power import joint_power, min_detectable_diff, seeds_needed, t_test_power
 from lopd.analysis.stats import (
     eval_noise_share,
     hierarchical_bootstrap_ci,
     holm,
-    joint_power,
-    min_detectable_diff,
     min_sign_flip_p,
     paired_t,
     prob_improvement,
-    seeds_needed,
     sign_flip_p,
     summarize,
     t_test,
-    t_test_power,
 )
 
 SAMPLE = [0.71, 0.74, 0.69, 0.80, 0.77, 0.73, 0.75]

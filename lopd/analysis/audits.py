@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from lopd.analysis import power as power_mod
 from lopd.analysis import stats as st
-from lopd.analysis.loading import read_json
 from lopd.analysis.render import arm_order, fmt, md_table, write_text
 from lopd.errors import BadInput
-from lopd.utils import content_overlap
+from lopd.utils import content_overlap, read_json
 
 SPLITS = ("train", "val", "test")
 EVAL_STAGE = "evaluate"
@@ -103,6 +103,41 @@ def _runtime_records(root: Path) -> list[dict]:
     return recs
 
 
+def _declared_problems(dvc: dict | None) -> tuple[list[str], list[str]]:
+    """(violations, unverified) from the dvc.yaml declarations: a stage other than evaluate that depends
+    on or names the test split; no hpo stage, or one that does not depend on the validation split."""
+    violations, unverified = [], []
+    if dvc is None:
+        return violations, ["dvc.yaml not found: stage dependencies cannot be checked"]
+    for name, d in dvc.items():
+        if _stage_base(name) != EVAL_STAGE and "test" in (d["deps"] | d["cmd"]):
+            where = "depends on" if "test" in d["deps"] else "names in its cmd"
+            violations.append(f"stage `{name}` {where} the test split (data/splits/test.jsonl)")
+    hpo = [d for n, d in dvc.items() if _stage_base(n) == HPO_STAGE]
+    if not hpo:
+        unverified.append("no `hpo` stage in dvc.yaml: where m, K, n_ret were selected cannot be verified")
+    elif not any("val" in d["deps"] for d in hpo):
+        unverified.append("the `hpo` stage does not declare a dependency on the validation split")
+    return violations, unverified
+
+
+def _unselected_hparams(root: Path, runs, checked_arms) -> list[str]:
+    """A warning for each final run of ``checked_arms`` whose m, K or n_ret is not the selected one."""
+    best_path = root / "hpo" / "best_params.yaml"
+    if not best_path.exists():
+        return []
+    best = yaml.safe_load(best_path.read_text()) or {}
+    out = []
+    for arm in checked_arms:
+        for seed, run in sorted(runs.get(arm, {}).items()):
+            hp = run["result"].get("hparams") or {}
+            bad = [k for k in ("margin", "K", "n_ret") if k in best and k in hp and hp[k] != best[k]]
+            if bad:
+                out.append(f"{arm} seed {seed} used {', '.join(f'{k}={hp[k]}' for k in bad)} but "
+                           f"hpo/best_params.yaml selected {', '.join(f'{k}={best[k]}' for k in bad)}")
+    return out
+
+
 def leakage(root: Path, runs, checked_arms) -> dict:
     man_path = root / "data" / "splits" / "manifest.json"
     manifest = {}
@@ -110,19 +145,8 @@ def leakage(root: Path, runs, checked_arms) -> dict:
         manifest = {k: v for k, v in ((read_json(man_path) or {}).get("files") or {}).items()}
     dvc = _dvc_deps(root)
     recs = _runtime_records(root)
-    violations, unverified, warnings_ = [], [], []
-    if dvc is None:
-        unverified.append("dvc.yaml not found: stage dependencies cannot be checked")
-    else:
-        for name, d in dvc.items():
-            if _stage_base(name) != EVAL_STAGE and "test" in (d["deps"] | d["cmd"]):
-                where = "depends on" if "test" in d["deps"] else "names in its cmd"
-                violations.append(f"stage `{name}` {where} the test split (data/splits/test.jsonl)")
-        hpo = [d for n, d in dvc.items() if _stage_base(n) == HPO_STAGE]
-        if not hpo:
-            unverified.append("no `hpo` stage in dvc.yaml: where m, K, n_ret were selected cannot be verified")
-        elif not any("val" in d["deps"] for d in hpo):
-            unverified.append("the `hpo` stage does not declare a dependency on the validation split")
+    violations, unverified = _declared_problems(dvc)
+    warnings_: list[str] = []
     for r in recs:
         if r["reads"] is None:
             warnings_.append(f"{r['path'].relative_to(root)} is not valid JSON")
@@ -155,17 +179,7 @@ def leakage(root: Path, runs, checked_arms) -> dict:
                      "rests on the dvc.yaml dependencies only")
     if not man_path.exists():
         unverified.append("data/splits/manifest.json not found: split hashes unknown")
-    # the final runs should have used the selected hyper-parameters
-    best_path = root / "hpo" / "best_params.yaml"
-    if best_path.exists():
-        best = yaml.safe_load(best_path.read_text()) or {}
-        for arm in checked_arms:
-            for seed, run in sorted(runs.get(arm, {}).items()):
-                hp = run["result"].get("hparams") or {}
-                bad = [k for k in ("margin", "K", "n_ret") if k in best and k in hp and hp[k] != best[k]]
-                if bad:
-                    warnings_.append(f"{arm} seed {seed} used {', '.join(f'{k}={hp[k]}' for k in bad)} but "
-                                     f"hpo/best_params.yaml selected {', '.join(f'{k}={best[k]}' for k in bad)}")
+    warnings_ += _unselected_hparams(root, runs, checked_arms)
     return {"manifest": manifest, "content_overlap": overlap, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
             "warnings": warnings_, "notes": notes, "clean": not violations and not unverified}
 
@@ -201,7 +215,17 @@ def write_leakage(out: Path, lk: dict) -> None:
                   "arguments) is in train never reappears in val or test. Must be 0 everywhere.")
         md += ["", md_table(["between splits", "shared tasks"], [[k, str(v)] for k, v in ov["between"].items()]),
                "", md_table(["within split", "repeated tasks"], [[k, str(v)] for k, v in ov["within"].items()])]
-    md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", ""]
+    md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", "",
+           _stage_table(lk)]
+    if lk["warnings"]:
+        md += ["", "## Warnings", ""] + [f"- {w}" for w in lk["warnings"]]
+    if lk["notes"]:
+        md += ["", "## Notes", ""] + [f"- {n}" for n in lk["notes"]]
+    write_text(out / "leakage_audit.md", "\n".join(md))
+
+
+def _stage_table(lk: dict) -> str:
+    """Each stage's declared split dependencies and the splits it read at run time."""
     runtime: dict[str, dict] = {}
     for r in lk["records"]:
         e = runtime.setdefault(r["stage"], {"splits": set(), "roles": set(), "n": 0})
@@ -231,13 +255,8 @@ def write_leakage(out: Path, lk: dict) -> None:
                      ", ".join(x for x in SPLITS if x in d["cmd"]) or "—", read_txt(rt), flag(s) or flag(key)])
     for s in sorted(set(runtime) - matched):
         rows.append([f"`{s}`", "(not in dvc.yaml)", "—", read_txt(runtime[s]), flag(s)])
-    md.append(md_table(["stage", "deps on splits", "splits named in cmd", "read at run time", ""], rows)
-              if rows else "MISSING: neither dvc.yaml stages nor splits_read records found.")
-    if lk["warnings"]:
-        md += ["", "## Warnings", ""] + [f"- {w}" for w in lk["warnings"]]
-    if lk["notes"]:
-        md += ["", "## Notes", ""] + [f"- {n}" for n in lk["notes"]]
-    write_text(out / "leakage_audit.md", "\n".join(md))
+    return (md_table(["stage", "deps on splits", "splits named in cmd", "read at run time", ""], rows)
+            if rows else "MISSING: neither dvc.yaml stages nor splits_read records found.")
 
 
 # --------------------------------------------------------------------------- #
@@ -279,8 +298,8 @@ def seed_variance(evals, table: dict) -> list[dict]:
 
 def rule_power(fal: dict, alpha: float, power: float) -> dict:
     """For each pre-registered test: power of the one-sided t-test at the observed effect, the minimum
-    detectable effect and the seeds needed (:func:`st.seeds_needed`); for the whole claim, its power at the
-    observed effects (:func:`st.joint_power` with the contrasts' covariance over the seeds all tests share)
+    detectable effect and the seeds needed (:func:`power_mod.seeds_needed`); for the whole claim, its power at the
+    observed effects (:func:`power_mod.joint_power` with the contrasts' covariance over the seeds all tests share)
     and the smallest n reaching ``power``."""
     rows = []
     for r in fal["tests"]:
@@ -289,17 +308,17 @@ def rule_power(fal: dict, alpha: float, power: float) -> dict:
             continue
         sd = float(np.std(r["contrast"], ddof=1))
         rows.append({"name": r["name"], "n": r["n"], "diff": r["diff"], "sd": sd,
-                     "power": st.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
-                     "mdd": st.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
-                     "needed": st.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
+                     "power": power_mod.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
+                     "mdd": power_mod.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
+                     "needed": power_mod.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
     out = {"tests": rows, "joint": None, "joint_needed": None}
     seeds = [set(r.get("seeds", [])) for r in fal["tests"]]
     common = sorted(set.intersection(*seeds)) if seeds else []
     if len(common) >= 3:
         m = np.array([[r["contrast"][r["seeds"].index(s)] for r in fal["tests"]] for s in common])
         mu, cov = m.mean(axis=0), np.cov(m, rowvar=False)
-        out["joint"] = st.joint_power(mu, cov, len(common), alpha=alpha)
-        out["joint_needed"] = st.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
+        out["joint"] = power_mod.joint_power(mu, cov, len(common), alpha=alpha)
+        out["joint_needed"] = power_mod.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from lopd.analysis import stats as st
 from lopd.analysis.loading import series
 from lopd.analysis.plotdata import DYNAMICS_ARMS, MARGIN_ARMS
 from lopd.analysis.render import finite, fmt, md_table
@@ -202,10 +203,12 @@ def first_crossing(grid: np.ndarray, curves: np.ndarray, target: np.ndarray) -> 
     return x
 
 
-def efficiency(runs, n_boot: int) -> dict:
+def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE) -> dict:
     """Ratio = (rollouts lopd's mean validation curve needs to first reach GRPO's final validation reward,
     the mean over GRPO seeds of each seed's last value) / (GRPO's mean total rollouts), with a percentile
-    bootstrap CI resampling the seeds of both arms (``n_boot`` resamples, ``default_rng(0)``)."""
+    bootstrap CI at ``confidence`` resampling the seeds of both arms (``n_boot`` resamples,
+    ``default_rng(0)``; :func:`lopd.analysis.stats.percentile_interval`, outer order statistics: a
+    resample that never reaches the target has ratio +inf)."""
     info: dict[str, Any] = {"ratio": None, "ci": (None, None), "missing": [], "reached": False}
     lopd, grpo = runs.get("lopd", {}), runs.get("grpo", {})
     info["missing"] = [a for a, d in (("lopd", lopd), ("grpo", grpo)) if not d]
@@ -226,7 +229,7 @@ def efficiency(runs, n_boot: int) -> dict:
     il = rng.integers(0, Y.shape[0], size=(n_boot, Y.shape[0]))
     ig = rng.integers(0, finals.size, size=(n_boot, finals.size))
     rb = np.sort(first_crossing(grid, np.nanmean(Y[il], axis=1), finals[ig].mean(axis=1)) / total)
-    lo, hi = float(rb[int(math.floor(0.025 * (n_boot - 1)))]), float(rb[int(math.ceil(0.975 * (n_boot - 1)))])
+    lo, hi = st.percentile_interval(rb, confidence, outer_order_statistics=True)
     return info | {"target": target, "grpo_total": total, "x": float(x_point), "reached": bool(np.isfinite(x_point)),
                    "ratio": float(x_point / total) if np.isfinite(x_point) else None, "ci": (lo, hi),
                    "frac_reached": float(np.mean(np.isfinite(rb))), "n_lopd": Y.shape[0], "n_grpo": int(finals.size),
@@ -288,15 +291,15 @@ def _constraint_summary(rows: list[dict]) -> list[str]:
     return lines or ["- (no margin-active runs)"]
 
 
-def render_efficiency(eff: dict, n_boot: int) -> str:
+def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE) -> str:
     def r(v):
         return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
     md = ["# Sample efficiency", "", "Figure: `figures/efficiency.png`; data: `plots/efficiency.csv`.", "",
           "Ratio = (rollouts lopd needs to first reach GRPO's final validation reward) / (GRPO's total rollouts). "
           "GRPO's final validation reward is the mean over seeds of each seed's last validation reward; the lopd "
-          "curve is the mean over seeds, interpolated linearly in rollouts. CI: percentile bootstrap 95% "
-          f"({n_boot} resamples of the seeds of both arms).", "",
+          "curve is the mean over seeds, interpolated linearly in rollouts. "
+          f"CI: percentile bootstrap {confidence:.0%} ({n_boot} resamples of the seeds of both arms).", "",
           f"The paper claims lopd needs < {PAPER_EFFICIENCY_CLAIM:.0%} of GRPO's rollouts to reach GRPO's final "
           "reward.", ""]
     if eff["missing"]:
@@ -312,7 +315,7 @@ def render_efficiency(eff: dict, n_boot: int) -> str:
                   "cannot test the paper's efficiency claim; it says GRPO did not learn within this budget.")
     elif eff["reached"]:
         ok = hi is not None and math.isfinite(hi) and hi < PAPER_EFFICIENCY_CLAIM
-        md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts), 95% CI "
+        md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts), {confidence:.0%} CI "
                f"[{r(lo)}, {r(hi)}]; the target was reached in {eff['frac_reached']:.0%} of bootstrap resamples.", "",
                f"The < {PAPER_EFFICIENCY_CLAIM:.0%} claim is {'consistent with' if ok else 'NOT established by'} this "
                f"data (the upper CI bound must be below {PAPER_EFFICIENCY_CLAIM:.2f})."]

@@ -120,7 +120,7 @@ def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]], task_contras
         if seeds:
             c = _contrast({a: np.array([by_seed[a][s] for s in seeds]) for a in spec.weights}, spec)
             one = st.t_test(c, alternative="greater", confidence=1 - rule.alpha)
-            two = st.t_test(c, alternative="two-sided", confidence=0.95)
+            two = st.t_test(c, alternative="two-sided", confidence=st.DESCRIPTIVE_CONFIDENCE)
             p_exact = st.sign_flip_p(c, alternative="greater")
             row.update(diff=one["diff"], t=one["t"], df=one["df"], p=one["p"], lower=one["ci_low"],
                        ci95=(two["ci_low"], two["ci_high"]), p_exact=p_exact, contrast=c, seeds=seeds,

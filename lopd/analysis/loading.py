@@ -6,24 +6,16 @@ Only files, never MLflow: the report works after DVC restores stages from its ru
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from lopd.analysis.render import finite
 from lopd.errors import BadInput
+from lopd.utils import read_json
 
 MEAN_COL = "mean"
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: not valid JSON: {e}") from None
 
 
 def read_csv_rows(path: Path) -> list[dict]:

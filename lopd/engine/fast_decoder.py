@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lopd.compat import peft as compat_peft
+
 FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 # Fusing copies the layers' weights once per rollout batch. Worth it only for small models, whose
 # forward is bound by per-operation overhead; a large one is bound by arithmetic and would pay
@@ -55,24 +57,11 @@ def _linear(mod: nn.Module) -> _Linear | None:
     """The computation of a plain ``nn.Linear`` or of a peft LoRA ``Linear`` wrapper, or None."""
     if type(mod) is nn.Linear:
         return _Linear(mod.weight, mod.bias, [])
-    base = getattr(mod, "base_layer", None)
-    if type(base) is not nn.Linear or not hasattr(mod, "lora_A") or getattr(mod, "merged", True):
+    lora = compat_peft.lora_linear(mod)
+    if lora is None:
         return None
-    if getattr(mod, "fan_in_fan_out", False):
-        return None
-    if mod.disable_adapters:
-        return _Linear(base.weight, base.bias, [])
-    lora = []
-    for name in mod.active_adapters:
-        if name not in mod.lora_A:
-            continue
-        if name in getattr(mod, "lora_variant", {}) or type(mod.lora_dropout[name]) is not nn.Identity:
-            return None
-        a, b = mod.lora_A[name], mod.lora_B[name]
-        if type(a) is not nn.Linear or type(b) is not nn.Linear or a.bias is not None or b.bias is not None:
-            return None
-        lora.append((a.weight, b.weight, mod.scaling[name]))
-    return _Linear(base.weight, base.bias, lora)
+    base, adapters = lora
+    return _Linear(base.weight, base.bias, adapters)
 
 
 @dataclass
@@ -223,7 +212,9 @@ class FastDecoder:
         cfg = getattr(lm, "config", None)
         if cfg is None or getattr(cfg, "model_type", None) not in FAMILY or lm.training:
             return None
-        if cfg._attn_implementation != "sdpa" or any(t != "full_attention" for t in getattr(cfg, "layer_types", [])):
+        from lopd.compat import transformers as compat_transformers
+
+        if compat_transformers.attn_implementation(cfg) != "sdpa" or any(t != "full_attention" for t in getattr(cfg, "layer_types", [])):
             return None
         backbone, head = getattr(lm, "model", None), _linear(getattr(lm, "lm_head", None))
         if backbone is None or head is None or not hasattr(backbone, "rotary_emb"):
@@ -255,7 +246,7 @@ class FastDecoder:
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Logits (B, V) at the last column of ``ids`` (B, L); ``cache`` is updated in place."""
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from lopd.compat import transformers as compat_transformers
 
         h = self.backbone.embed_tokens(ids)
         cos, sin = self.backbone.rotary_emb(h, pos)
@@ -271,7 +262,7 @@ class FastDecoder:
             q = (q * cos) + (_rotate_half(q) * sin)
             k = (k * cos) + (_rotate_half(k) * sin)
             k, v = cache.update(k, v, i)
-            a, _ = sdpa_attention_forward(ly.attn, q, k, v, mask, dropout=0.0, scaling=ly.attn.scaling)
+            a, _ = compat_transformers.sdpa_attention_forward(ly.attn, q, k, v, mask, scaling=ly.attn.scaling)
             h = h + ly.o(a.reshape(shape).contiguous())
             x = _apply_rms(h, ly.norm_post)
             h = h + ly.down(ly.act(ly.gate(x)) * ly.up(x))
@@ -376,9 +367,9 @@ class FastDecoder:
     @staticmethod
     def _attend(ly: _Layer, q: torch.Tensor, keys, values, mask) -> torch.Tensor:
         """transformers' SDPA attention of queries (rows, heads, L, dim) → (rows, L, heads, dim)."""
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from lopd.compat import transformers as compat_transformers
 
-        return sdpa_attention_forward(ly.attn, q, keys, values, mask, dropout=0.0, scaling=ly.attn.scaling)[0]
+        return compat_transformers.sdpa_attention_forward(ly.attn, q, keys, values, mask, scaling=ly.attn.scaling)[0]
 
     def _attend_all(self, ly: _Layer, q, keys, values, a_last, plan) -> torch.Tensor:
         """Attention outputs (N, heads, dim) of every packed token: the last tokens' ``a_last``

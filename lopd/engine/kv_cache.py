@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache
+from lopd.compat.transformers import Cache, empty_cache_layers
 
 
 @dataclass
@@ -51,7 +51,7 @@ class PackedPlan:
 
 class RaggedKVCache(Cache):
     def __init__(self, n_rows: int, capacity: int, device: torch.device):
-        super().__init__(layers=[])
+        super().__init__(**empty_cache_layers())
         self.capacity = capacity
         self.device = device
         self.lengths = torch.zeros(n_rows, dtype=torch.long, device=device)  # tokens cached per row

@@ -36,6 +36,7 @@ from lopd.envs.base import Episode, Task
 from lopd.envs.sandboxed import SandboxedEpisode
 from lopd.engine.fast_decoder import FastDecoder
 from lopd.engine.kv_cache import RaggedKVCache, full_sequence_plan
+from lopd.compat.transformers import cache_kwarg
 from lopd.model.chat import ChatFormat
 from lopd.engine.sampling import choose_tokens, seed_states, seeds_from_generator
 
@@ -71,14 +72,6 @@ class _Row:
     fed: int = 0
     n_gen: int = 0
     done: bool = False
-
-
-def _cache_kw(model) -> str:
-    """transformers >= 5.x renamed ``past_key_values`` to ``cache``; support both."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _emit(row: _Row, tok: int, sampled: bool, fmt: ChatFormat, obs_ids) -> None:
@@ -213,7 +206,7 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
     cache = RaggedKVCache(len(live), max_len, device) if use_cache and live else None
     # each live row's seed hashed once (its draws then absorb only the position): lives with ``live``
     states = seed_states(torch.tensor([rows[i].seed for i in live], dtype=torch.long, device=device))
-    cache_kw = _cache_kw(model)
+    cache_kw = cache_kwarg(model)
     fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
@@ -247,20 +240,3 @@ def collate(rollouts: list[Rollout], pad_id: int, device: torch.device | str = "
         attn[i, :n] = 1
         gen[i, :n] = torch.tensor(r.gen_mask, dtype=torch.float32)
     return ids.to(device), attn.to(device), gen[:, 1:].to(device)
-
-
-def pad_sequences(seqs: list[list[int]], pad_id: int, device, left: bool = False):
-    """Pad token lists into (ids, mask) tensors, right-padded unless ``left``."""
-    L = max((len(s) for s in seqs), default=0)
-    ids = torch.full((len(seqs), max(L, 1)), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), max(L, 1)), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if not s:
-            continue
-        if left:
-            ids[i, L - len(s):] = torch.tensor(s)
-            mask[i, L - len(s):] = 1
-        else:
-            ids[i, : len(s)] = torch.tensor(s)
-            mask[i, : len(s)] = 1
-    return ids.to(device), mask.to(device)

@@ -177,6 +177,27 @@ def world_names(domain: str, n_target: int, n_pretrain: int, seed: int) -> tuple
     return names[:n_target], [rest[j % len(rest)] for j in range(n_pretrain)]
 
 
+def known_families(kind: str, names: list[str] | None, families) -> list[str]:
+    """The families a domain uses: ``names``, each of which must be one of ``families`` (default: all)."""
+    names = names or list(families)
+    unknown = [n for n in names if n not in families]
+    if unknown:
+        raise ValueError(f"unknown {kind} families {unknown}; known: {sorted(families)}")
+    return names
+
+
+def pool_draws(worlds: dict[str, list[World]], domain: str, seed: int, n: int, pool: str):
+    """``(i, rng, world)`` for each of ``n`` tasks spread round-robin over the ``pool`` worlds
+    (``target`` or ``pretrain``); ``rng`` is task i's private RNG (:func:`task_rng`, keyed without the
+    pool for ``target``, so target tasks do not depend on the pretraining pool existing)."""
+    if pool not in POOLS:
+        raise ValueError(f"unknown world pool {pool!r}; known: {POOLS}")
+    ws = worlds[pool]
+    for i in range(n):
+        rng = task_rng(seed, domain, pool, i) if pool != "target" else task_rng(seed, domain, i)
+        yield i, rng, ws[i % len(ws)]
+
+
 def make_worlds(domain: str, families: list[str], slots_of, cfg: WorldConfig) -> dict[str, list[World]]:
     """The target and pretraining worlds of a domain, a pure function of ``cfg`` (not of the
     split seeds). World ``i`` belongs to ``families[i % F]``; target worlds are
@@ -215,3 +236,18 @@ def worlds_summary(worlds: dict[str, list[World]]) -> dict:
     conv = json.dumps({w.name: w.conventions for p in POOLS for w in worlds[p]}, sort_keys=True)
     return {p: {w.name: w.family for w in worlds[p]} for p in POOLS} | {
         "conventions_sha256": hashlib.sha256(conv.encode()).hexdigest()}
+
+
+def stratified(tasks: list[Task], n: int) -> list[Task]:
+    """The first ``n`` tasks taken round-robin across domains (splits are domain-major, so a plain
+    prefix would validate on one domain only). Deterministic: same split, same subset."""
+    by_dom: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_dom.setdefault(t.domain, []).append(t)
+    out: list[Task] = []
+    queues = [list(v) for v in by_dom.values()]
+    while len(out) < min(n, len(tasks)):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out

@@ -26,7 +26,8 @@ import random
 from typing import Any, Callable
 
 from lopd import sandbox
-from lopd.envs.base import POOLS, SYLLABLES, Task, WorldConfig, make_worlds, task_conventions, task_rng, worlds_summary
+from lopd.envs.base import (SYLLABLES, Task, WorldConfig, known_families, make_worlds, pool_draws, task_conventions,
+                            worlds_summary)
 from lopd.envs.sandboxed import SandboxedEpisode
 
 DIGITS = [str(i) for i in range(10)]
@@ -176,10 +177,7 @@ class CodeEnv:
     max_turns = 1
 
     def __init__(self, families: list[str] | None = None, timeout_s: float = 2.0, worlds: WorldConfig | None = None):
-        names = families or list(FAMILIES)
-        unknown = [n for n in names if n not in FAMILIES]
-        if unknown:
-            raise ValueError(f"unknown code families {unknown}; known: {sorted(FAMILIES)}")
+        names = known_families("code", families, FAMILIES)
         self.families = names
         self.timeout_s = timeout_s
         self.world_cfg = worlds or WorldConfig()
@@ -189,13 +187,8 @@ class CodeEnv:
 
     def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
         """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
-        if pool not in POOLS:
-            raise ValueError(f"unknown world pool {pool!r}; known: {POOLS}")
-        worlds = self.worlds[pool]
         tasks = []
-        for i in range(n):
-            rng = task_rng(seed, "code", pool, i) if pool != "target" else task_rng(seed, "code", i)
-            world = worlds[i % len(worlds)]
+        for i, rng, world in pool_draws(self.worlds, "code", seed, n, pool):
             family = world.family
             fam = FAMILIES[family]
             params = fam["sample"](rng)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lopd.envs.base import (POOLS, SYLLABLES, StepResult, Task, WorldConfig, make_worlds, task_conventions,
-                            task_rng, worlds_summary)
+from lopd.envs.base import (SYLLABLES, StepResult, Task, WorldConfig, known_families, make_worlds, pool_draws,
+                            task_conventions, worlds_summary)
 from lopd.envs.tool_families import (ACTION_WORDS, AGENTS, DIGITS, FAMILIES, ITEMS, MAX_OPTIONS,  # noqa: F401
                                      OBS_WORDS, PROMPT_WORDS, USERS, Family, State, split_action)
 
@@ -57,10 +57,7 @@ class ToolEnv:
     domain = "tool"
 
     def __init__(self, families: list[str] | None = None, max_turns: int = 5, worlds: WorldConfig | None = None):
-        names = families or list(FAMILIES)
-        unknown = [n for n in names if n not in FAMILIES]
-        if unknown:
-            raise ValueError(f"unknown tool families {unknown}; known: {sorted(FAMILIES)}")
+        names = known_families("tool", families, FAMILIES)
         self.families = names
         self.max_turns = max_turns
         self.world_cfg = worlds or WorldConfig()
@@ -70,13 +67,8 @@ class ToolEnv:
 
     def generate(self, seed: int, n: int, pool: str = "target") -> list[Task]:
         """``n`` tasks spread round-robin over the ``pool`` worlds (``target`` or ``pretrain``)."""
-        if pool not in POOLS:
-            raise ValueError(f"unknown world pool {pool!r}; known: {POOLS}")
-        worlds = self.worlds[pool]
         tasks = []
-        for i in range(n):
-            rng = task_rng(seed, "tool", pool, i) if pool != "target" else task_rng(seed, "tool", i)
-            world = worlds[i % len(worlds)]
+        for i, rng, world in pool_draws(self.worlds, "tool", seed, n, pool):
             fam = FAMILIES[world.family]
             tail, spec = fam.make(rng)
             spec["conventions"] = task_conventions(world, self.world_cfg, fam.slots(), seed, i)

@@ -3,7 +3,8 @@
 The guard leads its own process group, runs CMD in that group and waits. If its parent (the Ray
 worker) dies — killed, node lost — it is re-parented; it notices within ``POLL_S`` and stops
 the whole group (CMD, DVC's stage command, the guard). Killing the group from outside (a test,
-an operator) stops everything at once. Standard library only: it starts in milliseconds.
+an operator) stops everything at once. Standard library only: it starts in milliseconds, and
+:func:`stop_group` is shared with :mod:`lopd.launch.job` from here.
 """
 
 from __future__ import annotations
@@ -18,14 +19,30 @@ POLL_S = 0.5
 GRACE_S = 10.0  # SIGTERM, then SIGKILL
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def stop_group(pgid: int, proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """The one way a launcher stops a process group (this guard's, and :mod:`lopd.launch.job`'s):
+    SIGTERM to group ``pgid`` (0: the caller's own), up to ``grace_s`` for ``proc`` to exit, then
+    SIGKILL to the group for its stragglers (with ``pgid`` 0, the caller too) and reap ``proc``.
+    A group already gone is not an error."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _stop_own_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the guard outlives the SIGTERM it sends to its group
-    os.killpg(0, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    os.killpg(0, signal.SIGKILL)  # stragglers, and the guard itself
+    stop_group(0, proc)
 
 
 def main(argv: list[str]) -> int:
@@ -38,13 +55,13 @@ def main(argv: list[str]) -> int:
     proc = subprocess.Popen(argv)
 
     def on_signal(signum, frame):  # noqa: ARG001
-        _stop_group(proc)
+        _stop_own_group(proc)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     while proc.poll() is None:
         if os.getppid() != parent:
-            _stop_group(proc)
+            _stop_own_group(proc)
         time.sleep(POLL_S)
     return proc.returncode
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from lopd.launch.guard import stop_group
 
 STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
 POLL_S = 0.2
@@ -103,21 +104,8 @@ def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) ->
             time.sleep(POLL_S)
         return proc.returncode
     except BaseException:
-        _stop_group(proc)
+        stop_group(proc.pid, proc, STOP_GRACE_S)
         raise
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def read_lock_entry(cwd: str | Path, lockfile: str, key: str) -> dict | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -40,153 +39,14 @@ import time
 from pathlib import Path
 
 from lopd.errors import BadInput
-from lopd.launch.plan import Plan, read_plan, ready_stages
+from lopd.utils import atomic_write_text
+from lopd.launch.driver import Driver, resources_for
 from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
-from lopd.launch.worktree import (git, main_cache_dir, prepare_worktree, read_locks, remove_stale_worktrees,
-                                  remove_worktree)
+from lopd.launch.plan import Plan, read_plan
+from lopd.launch.worktree import git, remove_stale_worktrees, remove_worktree
 
 ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path
 RAY_START_TRIES = 3
-CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
-
-
-class _Driver:
-    """Submits ready stages, collects results, retries failures (the loop of :func:`launch`)."""
-
-    def __init__(self, plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, remote, commit: str):
-        self.plan, self.lp, self.root, self.wt_root, self.log_dir, self.remote = plan, lp, root, wt_root, log_dir, remote
-        self.commit, self.cache_dir = commit, main_cache_dir(root)
-        self.main_locks = read_locks(root, plan.lockfiles)  # before any main-workspace job writes them
-        self.entries: dict[str, dict[str, dict]] = {}  # lock file -> stage -> entry, of the jobs finished so far
-        self.done: dict[str, dict] = {}
-        self.failed: dict[str, dict] = {}
-        self.running: dict = {}  # ray ref -> (stage, attempt, worktree or None)
-        self.blocked: list[str] = []  # not started: an upstream stage failed
-        self.token = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-
-    def run(self) -> None:
-        import ray
-
-        pending = set(self.plan.launch)
-        while pending or self.running:
-            main_busy = any(self.plan.jobs[s].in_main for s, _, _ in self.running.values())
-            for name in ready_stages(self.plan, pending, set(self.done), main_busy):
-                pending.discard(name)
-                self._submit(name, 1)
-                main_busy = main_busy or self.plan.jobs[name].in_main
-            if not self.running:
-                break  # the rest waits on failed stages
-            [ref], _ = ray.wait(list(self.running), num_returns=1)
-            self._collect(ref)
-        self.blocked = sorted(pending)
-
-    def _submit(self, name: str, attempt: int) -> None:
-        job = self.plan.jobs[name]
-        slug = job.slug
-        log = self.log_dir / f"{slug}.{attempt}.log"
-        wt = None
-        if not job.in_main:
-            wt = self.wt_root / f"{slug}.{attempt}-{self.token}"
-            prepare_worktree(self.root, wt, self.commit, self.main_locks, self.entries, self.lp.shared_paths,
-                             self.cache_dir)
-        sources = {s: self.done[s].get("worktree") for s in self.done}
-        spec = {"stage": name, "attempt": attempt, "cwd": str(wt or self.root), "in_main": job.in_main,
-                "checkout": [] if job.in_main else list(job.checkout),
-                "copy_missing": [] if job.in_main else [
-                    [rel, str(sources.get(prod) or self.root)] for rel, prod in job.copy_inputs],
-                "lockfile": job.lockfile, "lock_key": job.lock_key, "log": str(log),
-                "events": str(self.log_dir / "events.jsonl")}
-        res = resources_for(self.lp.resources, job.kind)
-        ref = self.remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=0,
-                                  name=f"lopd:{name}").remote(spec)
-        self.running[ref] = (name, attempt, wt)
-        print(f"submitted {name} (attempt {attempt}, {res.num_cpus:g} CPU, {res.num_gpus:g} GPU) log: {log}",
-              flush=True)
-
-    def _collect(self, ref) -> None:
-        import ray
-
-        name, attempt, wt = self.running.pop(ref)
-        log = self.log_dir / f"{self.plan.jobs[name].slug}.{attempt}.log"
-        try:
-            out = ray.get(ref)
-        except Exception as e:  # noqa: BLE001 - a killed worker, a cancelled task: a failed attempt
-            out = {"rc": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-        out.update(attempt=attempt, log=str(log))
-        if out["rc"] == 0:
-            job = self.plan.jobs[name]
-            self.entries.setdefault(job.lockfile, {})[job.lock_key] = out.pop("entry")
-            keep = self.lp.keep_worktrees or name in self.plan.keep
-            out["worktree"] = str(wt) if (wt and keep) else None
-            if wt and not keep:
-                remove_worktree(self.root, wt)
-            self.done[name] = out
-            how = "restored from the run-cache" if out["restored"] else f"ran {len(out['ran'])} command(s)"
-            print(f"finished {name} ({how})", flush=True)
-        elif attempt <= self.lp.max_retries:
-            print(f"attempt {attempt} of {name} failed (rc={out['rc']} {out.get('error', '')}); log: {log}; retrying",
-                  flush=True)
-            self._submit(name, attempt + 1)
-        else:
-            self.failed[name] = out
-            print(f"FAILED {name} after {attempt} attempt(s); log: {log}", flush=True)
-
-    def cancel(self) -> None:
-        """Interrupt every running job (its dvc process group is stopped) and wait for them."""
-        import ray
-
-        refs = list(self.running)
-        for ref in refs:
-            ray.cancel(ref)
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
-        stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
-
-
-def resources_for(resources: dict, kind: str):
-    """What a job of stage ``kind`` reserves: ``resources[kind]``; for an extra-seed stage
-    (``train_extra``) that of the stage it repeats (``train``); else ``resources["default"]``."""
-    for k in (kind, kind.removesuffix("_extra")):
-        if k in resources:
-            return resources[k]
-    return resources["default"]
-
-
-def _live_local_groups(events_file: Path) -> list[int]:
-    """Process groups of this host's jobs that started a command and have not ended."""
-    import socket
-
-    if not events_file.exists():
-        return []
-    started, ended = {}, set()
-    for line in events_file.read_text().splitlines():
-        e = json.loads(line)
-        key = (e.get("stage"), e.get("attempt"))
-        if e["event"] == "running" and e.get("host") == socket.gethostname():
-            started[key] = e["pid"]
-        elif e["event"] == "end":
-            ended.add(key)
-    alive = []
-    for key, pgid in started.items():
-        if key in ended:  # its group is gone; the id may belong to another process by now
-            continue
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            continue
-        alive.append(pgid)
-    return alive
-
-
-def stop_local_groups(events_file: Path, wait_s: float) -> None:
-    """Return only once every job command this host started is gone: a cancelled job's guard stops
-    its group within its grace period; one still alive after ``wait_s`` is SIGKILLed."""
-    deadline = time.monotonic() + wait_s
-    while (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pgid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
 
 
 def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
@@ -245,24 +105,29 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
         summary["wall_s"] = round(time.time() - t0, 1)
         fi = summary.get("fan_in")
         summary["ok"] = bool(fi) and fi["rc"] == 0 and not fi["ran"] and fi["status_clean"]
-        (log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        atomic_write_text(log_dir / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 
 @contextlib.contextmanager
 def _exclusive(wt_root: Path, root: Path):
     """One ``lopd launch`` per repository at a time (it owns the worktrees under ``wt_root``)."""
+    from filelock import FileLock, Timeout
+
     wt_root.mkdir(parents=True, exist_ok=True)
-    with open(wt_root / "launch.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+    lock = FileLock(wt_root / "launch.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise BadInput(f"another lopd launch is running on {root} (lock {wt_root / 'launch.lock'})") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: str, address, num_cpus, num_gpus,
-             check_resources: bool) -> _Driver:
+             check_resources: bool) -> Driver:
     try:
         import ray
     except ImportError:
@@ -271,7 +136,7 @@ def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: s
     try:
         if check_resources:
             _check_resources(plan, lp, ray.cluster_resources())
-        drv = _Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
+        drv = Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
         try:
             drv.run()
         except KeyboardInterrupt:

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from lopd.errors import BadInput
+from lopd.utils import atomic_write_text
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -40,7 +41,7 @@ def prepare_worktree(root: Path, wt: Path, commit: str, locks: dict[str, dict], 
             continue
         merged = {**lock, "schema": lock.get("schema", "2.0"),
                   "stages": {**(lock.get("stages") or {}), **entries.get(rel, {})}}
-        (wt / rel).write_text(yaml.safe_dump(merged, sort_keys=False))
+        atomic_write_text(wt / rel, yaml.safe_dump(merged, sort_keys=False))
     _share_cache(root, wt, cache_dir)
     for rel in shared_paths:
         link = wt / rel

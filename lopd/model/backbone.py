@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lopd.compat import peft as compat_peft
 from lopd.errors import BadInput
 from lopd.model.chat import ChatFormat
 
@@ -95,13 +96,12 @@ def lora_targets(base: nn.Module, override: list[str] | None, arch: str | None =
     """``model.lora_target_modules`` if set, else peft's default for the architecture."""
     if override:
         return list(override)
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
+    defaults = compat_peft.default_lora_targets()
     arch = arch or getattr(base.config, "model_type", None)
-    if arch not in DEFAULTS:
+    if arch not in defaults:
         raise BadInput(f"peft has no default LoRA target modules for architecture {arch!r}; set "
-                       f"model.lora_target_modules (peft knows: {', '.join(sorted(DEFAULTS))})")
-    return list(DEFAULTS[arch])
+                       f"model.lora_target_modules (peft knows: {', '.join(sorted(defaults))})")
+    return list(defaults[arch])
 
 
 def dir_hash(path: str | Path) -> str:
@@ -128,9 +128,7 @@ class Backbone:
         for name, p in self.model.named_parameters():
             p.requires_grad_("lora_" in name)
         self.hidden_size = base.config.get_text_config().hidden_size if hasattr(base.config, "get_text_config") else base.config.hidden_size
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        self._layers = compat_peft.tuner_layers(self.model)
         self._lora = [p for n, p in self.model.named_parameters() if "lora_" in n]
         self.role = None
         self.mode("student")
@@ -248,14 +246,13 @@ def merge_lora_state(base: nn.Module, state: dict[str, torch.Tensor], lora_alpha
     scale = lora_alpha / lora_r
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for k, v in state.items():
-        for part in ("lora_A", "lora_B"):
-            tag = f".{part}.weight"
+        for part, tag in compat_peft.LORA_WEIGHT_SUFFIX.items():
             if k.endswith(tag):
                 pairs.setdefault(k[: -len(tag)], {})[part] = v
                 break
         else:
             raise BadInput(f"unexpected tensor {k!r} in a LoRA adapter state")
-    prefix = "base_model.model."
+    prefix = compat_peft.STATE_DICT_PREFIX
     with torch.no_grad():
         for path, ab in pairs.items():
             if set(ab) != {"lora_A", "lora_B"}:

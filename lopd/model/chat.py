@@ -22,6 +22,8 @@ the tokenizer's own BOS/EOS and plain-text role headers (see :class:`ChatFormat`
 
 from __future__ import annotations
 
+import torch
+
 from lopd.model.tokenizer import ASSISTANT, BOS, END, EXP, OBS, USER
 
 DECODE_MEMO = 1 << 16  # decoded actions kept per format
@@ -123,3 +125,20 @@ class ChatFormat:
         """Token ids of one retrieved experience (what the composer encodes)."""
         ids, _ = self.encode_messages(msgs)
         return [i for i in ids if i not in self.bos]
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int, device, left: bool = False):
+    """Pad token lists into (ids, mask) tensors, right-padded unless ``left``."""
+    L = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), max(L, 1)), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), max(L, 1)), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if not s:
+            continue
+        if left:
+            ids[i, L - len(s):] = torch.tensor(s)
+            mask[i, L - len(s):] = 1
+        else:
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+    return ids.to(device), mask.to(device)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lopd.engine.rollout import pad_sequences
+from lopd.model.chat import pad_sequences
 
 
 class QFormerBlock(nn.Module):

@@ -47,10 +47,10 @@ class PrefixedPolicy(nn.Module):
     def __init__(self, model: nn.Module, prefix: torch.Tensor | None, prefix_mask: torch.Tensor | None = None, *,
                  latent: bool = True, prepare: Callable[[], object] | None = None):
         super().__init__()
-        from lopd.engine.rollout import _cache_kw
+        from lopd.compat.transformers import cache_kwarg
 
         self.model = model
-        self.model_cache_kw = _cache_kw(model)
+        self.model_cache_kw = cache_kwarg(model)
         if prefix is not None and prefix.dim() != 3:
             raise ValueError(f"prefix must have shape (B, L, d), got {tuple(prefix.shape)}")
         if prefix is not None and prefix_mask is None:

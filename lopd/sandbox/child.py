@@ -22,8 +22,8 @@ reply decides a score by itself: the parent decodes it as plain data and compare
 what the child never sees, so even a forged reply can only claim a value the code could have
 returned.
 
-The audit hook (:func:`make_guard`) is the in-process barrier; its rules are listed in
-:mod:`lopd.sandbox`.
+The audit hook (:func:`lopd.sandbox.audit.make_guard`, in ``audit.py`` beside this file) is the
+in-process barrier; its rules are listed in :mod:`lopd.sandbox`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ import resource  # imported here, not in confine: confine also runs after a fork
 import sys
 
 if __package__:  # imported inside lopd
+    from lopd.sandbox.audit import disarm, make_guard, read_roots
     from lopd.sandbox.plain import make_codec, type_name
-else:  # run as the child program, next to a copy of plain.py (``-I`` leaves its dir off sys.path)
+else:  # run as the child program, next to copies of plain.py and audit.py (``-I`` leaves its dir off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from audit import disarm, make_guard, read_roots
     from plain import make_codec, type_name
 
     del sys.path[0]
@@ -89,39 +91,6 @@ def confine(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare=None) -
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 
-# ------------------------------------------------------------------ audit policy
-DENY_PREFIX = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn",
-               "pty.", "winreg.", "_winapi.", "msvcrt.", "cpython.PyInterpreterState",
-               "cpython.run_", "resource.", "urllib.", "http.", "ftplib.", "smtplib.",
-               "poplib.", "imaplib.", "nntplib.", "telnetlib.", "webbrowser.", "syslog.",
-               "sys.monitoring.")
-DENY_EXACT = {"os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.startfile",
-              "os.symlink", "os.link", "os.chroot", "os.setxattr", "os.removexattr",
-              "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-              "sys._current_frames", "sys._current_exceptions", "sys.settrace",
-              "sys.setprofile", "sys.addaudithook", "signal.pthread_kill", "os.putenv",
-              "os.unsetenv", "fcntl.ioctl", "mmap.__new__"}
-# ``_signal``: a fresh copy would bring back ``signal.signal`` (removed below): a signal
-# handler is handed the interrupted frame, the harness's included.
-DENY_IMPORT = {"_posixsubprocess", "subprocess", "ctypes", "_ctypes", "_xxsubinterpreters",
-               "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues",
-               "multiprocessing", "_multiprocessing", "_posixshmem", "resource", "_signal"}
-FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals",
-               "f_globals", "gi_code", "cr_code", "ag_code"}
-# event -> (number of leading path arguments, indices of dir_fd arguments)
-PATH_EVENTS = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)),
-               "os.chmod": (1, (2,)), "os.chown": (1, (3,)), "os.truncate": (1, ()),
-               "os.utime": (1, (3,)), "os.chflags": (1, ()), "os.lchflags": (1, ()),
-               "os.lchmod": (1, ()), "os.mkfifo": (1, (2,)), "os.mknod": (1, (3,)),
-               "os.rename": (2, (2, 3)), "os.chdir": (1, ()), "shutil.rmtree": (1, ()),
-               "shutil.copyfile": (2, ()), "shutil.copymode": (2, ()),
-               "shutil.copystat": (2, ()), "shutil.move": (2, ()), "shutil.copytree": (2, ()),
-               "shutil.make_archive": (1, ()), "shutil.unpack_archive": (2, ())}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-# installed packages may hold a benchmark's tests (HumanEval's data file, for one)
-HIDDEN_DIRS = ("site-packages", "dist-packages")
-
-
 def describe(e, _type=type, _str=str, _base=BaseException) -> str:
     """``"<type>: <message>"``, safe against an exception whose ``__str__`` misbehaves."""
     try:
@@ -130,184 +99,6 @@ def describe(e, _type=type, _str=str, _base=BaseException) -> str:
     except _base:
         msg = ""
     return type_name(_type(e)) + (": " + msg if msg else "")
-
-
-# ------------------------------------------------------------------ audit hook
-def make_resolver():
-    """``realpath(p)`` for an exact ``str``/``bytes`` path, built from C functions bound now:
-    the user code may later patch ``os.path``, ``posixpath`` or ``os``, but not these.
-    Returns ``None`` for a symlink loop."""
-    import posix
-    import stat
-
-    from builtins import OSError, list, reversed, str, type
-
-    lstat, readlink, getcwd, is_link = posix.lstat, posix.readlink, posix.getcwd, stat.S_ISLNK
-    fs_encoding = sys.getfilesystemencoding()
-
-    def realpath(p):
-        if type(p) is not str:
-            p = p.decode(fs_encoding, "surrogateescape")
-        if not p.startswith("/"):
-            p = getcwd() + "/" + p
-        todo = list(reversed(p.split("/")))
-        done: list = []
-        hops = 0
-        while todo:
-            name = todo.pop()
-            if name in ("", "."):
-                continue
-            if name == "..":
-                if done:
-                    done.pop()
-                continue
-            here = "/" + "/".join(done + [name])
-            try:
-                link = is_link(lstat(here).st_mode)
-            except OSError:
-                link = False
-            if not link:
-                done.append(name)
-                continue
-            hops += 1
-            if hops > 40:
-                return None
-            target = readlink(here)
-            if target.startswith("/"):
-                done = []
-            todo.extend(reversed(target.split("/")))
-        return "/" + "/".join(done)
-
-    return realpath
-
-
-def make_path_checks(tmp: str, read_roots: tuple, refuse):
-    """``(check_open, check_paths)`` for the ``open`` event and the :data:`PATH_EVENTS`."""
-    import posix
-    import stat
-
-    from builtins import Exception, any, bool, bytes, int, len, str, type
-
-    realpath, stat_, is_dir = make_resolver(), posix.stat, stat.S_ISDIR
-
-    def under(real, roots):
-        return real is not None and any(real == r or real.startswith(r + "/") for r in roots)
-
-    def resolve(event, p):
-        """The real path of ``p``; ``None`` for a descriptor; refuses any other type (a
-        ``PathLike`` or ``str`` subclass could answer the hook and the call differently)."""
-        if type(p) is int:
-            return None
-        if type(p) is not str and type(p) is not bytes:
-            refuse(event, "path argument of type %s" % type_name(type(p)))
-        real = realpath(p)
-        if real is None:
-            refuse(event, "symlink loop")
-        return real
-
-    def is_directory(real):
-        try:
-            return is_dir(stat_(real).st_mode)
-        except Exception:
-            return False
-
-    def check_open(event, args):
-        mode = args[1] if len(args) > 1 else None
-        flags = args[2] if len(args) > 2 else 0
-        writing = (type(mode) is str and any(c in mode for c in "wax+")) or (
-            type(flags) is int and flags & WRITE_FLAGS)
-        real = resolve(event, args[0] if args else None)
-        if real is None or under(real, (tmp,)):
-            return
-        if writing:
-            refuse(event, "write outside the sandbox: %s" % real)
-        hidden = any(d in real.split("/") for d in HIDDEN_DIRS)
-        if hidden or not under(real, read_roots) or is_directory(real):
-            refuse(event, "read outside the sandbox: %s" % real)
-
-    def check_paths(event, args, n, dir_fds):
-        for p in args[:n]:
-            if type(p) is int or type(p) is bool:
-                refuse(event, "descriptor argument")
-            if not under(resolve(event, p), (tmp,)):
-                refuse(event, "outside the sandbox")
-        for i in dir_fds:  # a dir_fd could point outside the sandbox
-            if i < len(args) and args[i] is not None and args[i] != -100:
-                refuse(event, "dir_fd")
-
-    return check_open, check_paths
-
-
-def make_guard(tmp: str, read_roots: tuple):
-    """``(hook, refusals)``: an audit hook enforcing the policy above, and the list it
-    appends every refusal to (a refusal raises ``PermissionError`` before the action).
-    Every builtin it uses is bound here: patching ``builtins`` cannot loosen it."""
-    import _thread
-
-    from builtins import PermissionError, ValueError, len, set, str, type
-
-    get_ident = _thread.get_ident
-    refusals: list = []
-    busy = set()
-
-    def refuse(event, why):
-        refusals.append("%s: %s" % (event, why))
-        raise PermissionError("sandbox refused %s (%s)" % (event, why))
-
-    check_open, check_paths = make_path_checks(tmp, read_roots, refuse)
-
-    def check(event, args):
-        if event == "sys._getframe":
-            raise ValueError("call stack is not deep enough")  # stdlib callers degrade gracefully
-        if event == "object.__getattr__":
-            if len(args) > 1 and args[1] in FRAME_ATTRS:
-                refuse(event, str(args[1]))
-        elif event in DENY_EXACT or event.startswith(DENY_PREFIX):
-            refuse(event, "not allowed")
-        elif event == "import":
-            name = args[0] if args else ""
-            if type(name) is str and name.split(".")[0] in DENY_IMPORT:
-                refuse(event, name)
-        elif event == "open":
-            check_open(event, args)
-        elif event in PATH_EVENTS:
-            check_paths(event, args, *PATH_EVENTS[event])
-
-    def hook(event, args):
-        me = get_ident()
-        if me in busy:
-            return
-        busy.add(me)
-        try:
-            check(event, args)
-        finally:
-            busy.discard(me)
-
-    return hook, refusals
-
-
-def read_roots(tmp: str) -> tuple:
-    """Where reads are allowed: the temp dir, a few device/zone files, the standard library."""
-    roots = {tmp, "/dev/null", "/dev/urandom", "/dev/zero", "/etc/localtime", "/usr/share/zoneinfo"}
-    roots.update(os.path.realpath(p) for p in list(sys.path) + [os.path.dirname(os.__file__)] if p)
-    return tuple(sorted(roots))
-
-
-def disarm() -> None:
-    """Take away what the hook cannot police: denied modules already imported, pidfd_open,
-    and signal handlers (a handler is handed the interrupted frame: the harness's secrets)."""
-    for name in list(sys.modules):
-        if name.split(".")[0] in DENY_IMPORT - {"_signal"}:
-            del sys.modules[name]
-    import signal
-
-    for mod in (os, sys.modules.get("posix")):
-        if mod is not None and hasattr(mod, "pidfd_open"):
-            delattr(mod, "pidfd_open")
-    for mod in (signal, sys.modules["_signal"]):
-        for attr in ("signal", "set_wakeup_fd"):
-            if hasattr(mod, attr):
-                delattr(mod, attr)
 
 
 # ------------------------------------------------------------------ the run
@@ -444,16 +235,46 @@ def server(ctl_fd: int) -> None:
     import stat  # noqa: F401
     import types  # noqa: F401
 
-    ctl = socket.socket(fileno=ctl_fd)
-    unshare = bind_unshare()
+    fs = _ForkServer(socket.socket(fileno=ctl_fd), bind_unshare())
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes wake_w
-    live: set = set()
+    fs.ctl.send(b"ready %d" % os.getpid())
+    try:
+        while True:
+            ready = select.select([fs.ctl, wake_r], [], [])[0]
+            if wake_r in ready:
+                _drain(wake_r)
+                fs.reap()
+            if fs.ctl in ready:
+                msg, fds, _, _ = socket.recv_fds(fs.ctl, 65536, 3)
+                if not msg:
+                    break  # the parent is gone
+                fs.handle(msg, fds)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone
+    for pid in list(fs.live):
+        fs.kill(pid)
+    os._exit(0)
 
-    def reap() -> None:
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+class _ForkServer:
+    """The fork server's state: its control socket, the bound ``unshare`` and its live programs."""
+
+    def __init__(self, ctl, unshare):
+        self.ctl, self.unshare, self.live = ctl, unshare, set()
+
+    def reap(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -461,62 +282,45 @@ def server(ctl_fd: int) -> None:
                 return
             if pid == 0:
                 return
-            live.discard(pid)
-            ctl.send(b"exit %d %d" % (pid, status))
+            self.live.discard(pid)
+            self.ctl.send(b"exit %d %d" % (pid, status))
 
-    def kill(pid: int) -> None:
-        if pid in live:
+    def kill(self, pid: int) -> None:
+        import signal
+
+        if pid in self.live:
             for fn in (os.killpg, os.kill):
                 try:
                     fn(pid, signal.SIGKILL)
                 except OSError:
                     pass
 
-    ctl.send(b"ready %d" % os.getpid())
-    try:
-        while True:
-            ready = select.select([ctl, wake_r], [], [])[0]
-            if wake_r in ready:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                reap()
-            if ctl not in ready:
-                continue
-            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
-            if not msg:
-                break  # the parent is gone
-            words = msg.decode().split(" ", 6)
-            if words[0] == "kill":
-                kill(int(words[1]))
-                continue
-            if words[0] != "spawn" or len(words) != 7 or len(fds) != 3:
-                for fd in fds:
-                    os.close(fd)
-                ident = words[1] if len(words) > 1 else "?"
-                ctl.send(b"failed " + ident.encode() + b" malformed request")
-                continue
-            ident, tmp = words[1], words[6]
-            limits = (int(words[2]), int(words[3]), words[4] == "1", words[5] == "1")
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    start_child(fds, tmp, limits, unshare)  # never returns
-                except BaseException:
-                    sys.excepthook(*sys.exc_info())  # to the program's stderr, which the parent reads
-                finally:
-                    os._exit(70)
+    def handle(self, msg: bytes, fds: list) -> None:
+        """One request: ``kill`` a program, or ``spawn`` one in a fork (see :func:`server`)."""
+        words = msg.decode().split(" ", 6)
+        if words[0] == "kill":
+            self.kill(int(words[1]))
+            return
+        if words[0] != "spawn" or len(words) != 7 or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            live.add(pid)
-            ctl.send(b"spawned %s %d" % (ident.encode(), pid))
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the parent is gone
-    for pid in list(live):
-        kill(pid)
-    os._exit(0)
+            ident = words[1] if len(words) > 1 else "?"
+            self.ctl.send(b"failed " + ident.encode() + b" malformed request")
+            return
+        ident, tmp = words[1], words[6]
+        limits = (int(words[2]), int(words[3]), words[4] == "1", words[5] == "1")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                start_child(fds, tmp, limits, self.unshare)  # never returns
+            except BaseException:
+                sys.excepthook(*sys.exc_info())  # to the program's stderr, which the parent reads
+            finally:
+                os._exit(70)
+        for fd in fds:
+            os.close(fd)
+        self.live.add(pid)
+        self.ctl.send(b"spawned %s %d" % (ident.encode(), pid))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ class Program:
         return None if self.status is None else os.waitstatus_to_exitcode(self.status)
 
 
+CHILD_MODULES = ("audit.py", "plain.py")  # what child.py imports from its own directory
+CHILD_FILES = ("child.py", *CHILD_MODULES)
+
+
 @functools.lru_cache(maxsize=None)
 def child_source(name: str = "child.py") -> bytes:
     """One file of the child program (``lopd/sandbox/<name>``), read as package data."""
@@ -71,13 +75,14 @@ def child_bytecode(name: str = "child.py") -> bytes:
 
 
 def server_files() -> dict[str, bytes]:
-    """What the server's directory holds, relative path -> bytes: the package's ``child.py``
-    and ``plain.py`` as they are, and the bytecode compiled from exactly those bytes
-    (``child.pyc``, which the server runs, and the ``__pycache__`` entry its import of
-    ``plain`` finds)."""
-    files = {name: child_source(name) for name in ("child.py", "plain.py")}
+    """What the server's directory holds, relative path -> bytes: the package's ``child.py``,
+    ``audit.py`` and ``plain.py`` as they are, and the bytecode compiled from exactly those bytes
+    (``child.pyc``, which the server runs, and the ``__pycache__`` entries its imports of
+    ``audit`` and ``plain`` find)."""
+    files = {name: child_source(name) for name in CHILD_FILES}
     files["child.pyc"] = child_bytecode("child.py")
-    files[importlib.util.cache_from_source("plain.py", optimization="")] = child_bytecode("plain.py")
+    for name in CHILD_MODULES:
+        files[importlib.util.cache_from_source(name, optimization="")] = child_bytecode(name)
     return files
 
 

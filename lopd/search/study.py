@@ -120,22 +120,28 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
         stale = _fail_stale_trials(study)
         if stale:
             print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
-    target = n_trials if n_trials is not None else hp.n_trials
+    budget = n_trials if n_trials is not None else hp.n_trials
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
     objective = trial_fn or (lambda trial: _objective(trial, params, res, parent_tracker))
 
-    def remaining() -> int:
-        return target - len(study.get_trials(deepcopy=False, states=finished))
+    def n_finished() -> int:
+        return len(study.get_trials(deepcopy=False, states=finished))
 
-    if worker:  # a worker runs its own quota of trials on the shared study
-        study.optimize(objective, n_trials=target, catch=(), callbacks=list(callbacks))
-        return study
-    while remaining() > 0:
+    def reseed(study, _trial=None) -> None:
         # the sampler's random stream depends on how many trials are finished, not on how often the
         # search was restarted: a search killed and resumed proposes what an uninterrupted one would
-        n_done = len(study.get_trials(deepcopy=False, states=finished))
-        study.sampler = optuna.samplers.TPESampler(seed=hp.seed + n_done, n_startup_trials=min(8, hp.n_trials))
-        study.optimize(objective, n_trials=1, catch=(), callbacks=list(callbacks))
+        study.sampler = optuna.samplers.TPESampler(seed=hp.seed + n_finished(), n_startup_trials=min(8, hp.n_trials))
+
+    # one budget for the study, whoever runs its trials: every process (the stage, each --worker) stops
+    # once `budget` trials are finished (a worker that started a trial before then finishes it)
+    stop_at_budget = optuna.study.MaxTrialsCallback(budget, states=finished)
+    if n_finished() >= budget:
+        return study  # optimize() would start a trial before its callback could stop it
+    if worker:  # a worker keeps the stage's sampler: its trials' order depends on the other processes anyway
+        study.optimize(objective, catch=(), callbacks=[stop_at_budget, *callbacks])
+        return study
+    reseed(study)
+    study.optimize(objective, catch=(), callbacks=[reseed, stop_at_budget, *callbacks])
     return study
 
 

@@ -47,7 +47,7 @@ def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
     """``draw=None``: the shared bank (``models/bank``, seed ``bank.seed``); else upstream draw ``draw``
     (``models/draws/bank-<draw>``, seed :func:`upstream_seed`)."""
     from lopd.engine.evaluation import make_envs
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     bp = params.bank
     seed = bp.seed if draw is None else upstream_seed(params, "bank", draw)

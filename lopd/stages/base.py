@@ -8,7 +8,7 @@ from lopd import data as data_mod
 from lopd.config import Params
 from lopd.paths import Paths
 from lopd.stages.common import splits_read, write_side
-from lopd.utils import write_json
+from lopd.utils import atomic_write_text, write_json
 
 
 def _train_tiny(params: Params, paths: Paths, envs, tracker) -> tuple:
@@ -39,7 +39,7 @@ def _fingerprint_real(params: Params, paths: Paths) -> tuple:
     device = resolve_device(params.model)
     model = load_causal_lm(src, device, resolve_dtype(params.model, device))
     paths.base.mkdir(parents=True, exist_ok=True)
-    (paths.base / "REAL_MODEL").write_text(str(src) + "\n")
+    atomic_write_text(paths.base / "REAL_MODEL", str(src) + "\n")
     return model, load_tokenizer(src), {"model_dir": str(src), "model_hash": dir_hash(src), "trained": False}
 
 
@@ -47,7 +47,7 @@ def run(params: Params, paths: Paths) -> dict:
     from lopd.engine.evaluation import evaluate_policy, make_envs
     from lopd.model.chat import ChatFormat
     from lopd.tracking import Tracker
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     bp = params.base
     seed_everything(bp.seed, params.model.torch_threads)

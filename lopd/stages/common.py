@@ -10,7 +10,7 @@ from lopd.utils import write_json
 
 def load_backbone(params: Params, paths: Paths):
     from lopd.model.backbone import load_backbone as _load
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     seed_everything(0, params.model.torch_threads)
     return _load(params, paths.base)

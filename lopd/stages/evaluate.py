@@ -50,7 +50,7 @@ def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
     from lopd.envs import make_env
     from lopd.engine.evaluation import make_envs
     from lopd.model.backbone import load_student_policy
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     get_arm(arm)
     run_dir = paths.run_dir(arm, seed)

@@ -30,7 +30,7 @@ from lopd.envs.base import Task, world_key
 from lopd.envs.tool import run_actions
 from lopd.model.chat import ChatFormat
 from lopd.training.objectives import sft_loss, token_logprobs
-from lopd.engine.rollout import pad_sequences
+from lopd.model.chat import pad_sequences
 
 Messages = list[tuple[str, str]]
 

@@ -22,11 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lopd.errors import BadInput
+from lopd.utils import atomic_output, atomic_write_text, sha256_file
 
 
 def _sha(path: Path) -> str:
-    from lopd.utils import sha256_file
-
     return sha256_file(path)
 
 
@@ -39,7 +38,7 @@ def save_checkpoint(ckpt_dir: Path, tensors: dict[str, torch.Tensor], state: dic
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
     torch.save(state, tmp / "state.pt")
     meta = {n: _sha(tmp / n) for n in ("tensors.safetensors", "state.pt")}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2))
     old = ckpt_dir.with_name(ckpt_dir.name + ".old")
     if ckpt_dir.exists():
         if old.exists():
@@ -83,11 +82,9 @@ def load_tensors_verified(path: Path) -> dict[str, torch.Tensor]:
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
-    path.with_name(path.name + ".sha256").write_text(_sha(path) + "\n")
+    with atomic_output(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    atomic_write_text(path.with_name(path.name + ".sha256"), _sha(path) + "\n")
 
 
 # --------------------------------------------------------------------------- a trainer's full state

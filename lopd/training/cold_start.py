@@ -34,7 +34,8 @@ from lopd.bank import ExperienceBank
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
 from lopd.training.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
-from lopd.engine.rollout import collate, pad_sequences, rollout_batch
+from lopd.engine.rollout import collate, rollout_batch
+from lopd.model.chat import pad_sequences
 
 
 def text_context(bb, experiences: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:

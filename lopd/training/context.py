@@ -87,7 +87,7 @@ class ContextBuilder:
         return TeacherContext(prefix=c, mask=mask, latent=True, c_phi=c, c_phi0=c0)
 
     def _text(self, tasks: list[Task]) -> TeacherContext:
-        from lopd.engine.rollout import pad_sequences
+        from lopd.model.chat import pad_sequences
 
         ctx = [self.bb.fmt.join_context(self.experiences_for(t)) for t in tasks]
         ids, mask = pad_sequences(ctx, self.bb.fmt.pad_id, self.bb.device, left=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lopd.config import Params
 from lopd.errors import BadInput
-from lopd.utils import write_json
+from lopd.utils import atomic_write_text, write_json
 
 
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
@@ -59,7 +59,7 @@ def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, pare
     tracker = Tracker(params, run_name or final_run(arm_name, seed), all_tags, parent_run_id=parent_run_id,
                       enabled=is_main)
     if rid is not None and tracker.run_id and is_main:
-        rid.write_text(tracker.run_id)
+        atomic_write_text(rid, tracker.run_id)
     return tracker, rid, stale, all_tags["params_hash"]
 
 
@@ -111,7 +111,7 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     from lopd import data as data_mod
     from lopd.arms import get_arm
     from lopd.training.trainer import HParams
-    from lopd.utils import seed_everything
+    from lopd.kernels import seed_everything
 
     arm = get_arm(arm_name)
     selected = selected_hparams(params, best_params_file, arm) if best_params_file is not None else {}

@@ -39,7 +39,7 @@ import torch
 from lopd.training import objectives as obj
 from lopd.arms import ArmSpec
 from lopd.bank import ExperienceBank
-from lopd.envs.base import Task
+from lopd.envs.base import Task, stratified
 from lopd.errors import BadInput, RunFailed
 from lopd.engine.evaluation import evaluate_policy
 from lopd.model.backbone import Backbone
@@ -112,21 +112,6 @@ class Resources:
 
     def __post_init__(self):
         self.student_init = self.bb.adapter_state("student")
-
-
-def stratified(tasks: list[Task], n: int) -> list[Task]:
-    """The first ``n`` tasks taken round-robin across domains (splits are domain-major, so a plain
-    prefix would validate on one domain only). Deterministic: same split, same subset."""
-    by_dom: dict[str, list[Task]] = {}
-    for t in tasks:
-        by_dom.setdefault(t.domain, []).append(t)
-    out: list[Task] = []
-    queues = [list(v) for v in by_dom.values()]
-    while len(out) < min(n, len(tasks)):
-        for q in queues:
-            if q and len(out) < n:
-                out.append(q.pop(0))
-    return out
 
 
 @dataclass
