@@ -169,6 +169,7 @@ class BankParams(_Section):
     rollouts_per_task: int = Field(ge=1)
     min_reward: float = Field(ge=0.0, le=1.0)
     seed: int = Field(ge=0)
+    scripted_demos: bool
 
 
 class ColdStartParams(_Section):

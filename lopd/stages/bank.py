@@ -36,6 +36,28 @@ def _successes(params: Params, bb, envs, train) -> list:
     return entries
 
 
+def _scripted(params: Params, envs, train, have: set) -> list:
+    """Scripted demonstrations (each environment's own solution, played and scored) of the train
+    tasks without a policy success: ``bank.scripted_demos``, a path check's bank only."""
+    from lopd.bank import Experience
+    from lopd.training.base_policy import trajectory
+
+    entries = []
+    for t in train:
+        if t.task_id in have:
+            continue
+        env = envs[t.domain]
+        msgs = trajectory(env, t, env.solve(t))
+        episode = env.episode(t)
+        for role, text in msgs[1:]:
+            if role == "assistant":
+                episode.step(text)
+        reward = float(episode.reward())
+        if reward >= params.bank.min_reward:
+            entries.append(Experience(t.task_id, t.domain, t.family, t.prompt, msgs, reward))
+    return entries
+
+
 def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
     from lopd.bank import ExperienceBank, embed_tasks
 
@@ -52,9 +74,18 @@ def run(params: Params, paths: Paths) -> dict:
     seed_everything(bp.seed, params.model.torch_threads)
     reader = data_mod.SplitReader(paths.splits, role="bank")
     train, val = reader.load("train"), reader.load("val")
-    entries = _successes(params, bb, make_envs(params), train)
-    if not entries:
-        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
+    envs = make_envs(params)
+    entries = _successes(params, bb, envs, train)
+    n_policy = len(entries)
+    scripted = bp.scripted_demos
+    if not entries and not scripted:
+        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty "
+                        "(a random-weight model such as the stand-in solves nothing; only a path check may set "
+                        "bank.scripted_demos: true to fill the bank with scripted demonstrations)")
+    if scripted:
+        entries += _scripted(params, envs, train, {e.task_id for e in entries})
+        print(f"PATH CHECK, NOT A RESULT: bank.scripted_demos is set: the bank holds {n_policy} policy "
+              f"successes and {len(entries) - n_policy} scripted demonstrations")
     bank, prec = _precision(params, bb, entries, val, bp.embedder)
     precision = {bp.embedder: prec}
     other = "minilm" if bp.embedder == "backbone" else "backbone"
@@ -62,6 +93,9 @@ def run(params: Params, paths: Paths) -> dict:
         precision[other] = _precision(params, bb, entries, val, other)[1]
     except Exception as e:  # noqa: BLE001 - optional comparison; the manifest says why it is missing
         precision[other] = {"error": f"{type(e).__name__}: {e}"}
-    manifest = bank.save(paths.bank, {"retrieval_precision_val": precision, "splits_read": splits_read()})
+    extra = {"retrieval_precision_val": precision, "splits_read": splits_read()}
+    if scripted:  # the default bank's manifest is unchanged
+        extra["path_check"] = {"policy_successes": n_policy, "scripted_demos": len(entries) - n_policy}
+    manifest = bank.save(paths.bank, extra)
     print(f"bank: {len(bank)} experiences {manifest['by_family']}; val retrieval precision {precision}")
     return manifest
