@@ -36,13 +36,14 @@ def _successes(params: Params, bb, envs, train) -> list:
     return entries
 
 
-def _scripted(params: Params, envs, train, have: set) -> list:
+def _scripted(params: Params, envs, train, have: set) -> tuple[list, int]:
     """Scripted demonstrations (each environment's own solution, played and scored) of the train
-    tasks without a policy success: ``bank.scripted_demos``, a path check's bank only."""
+    tasks without a policy success: ``bank.scripted_demos``, a path check's bank only. Returns
+    them and how many scripted solutions failed (e.g. more actions than ``envs.max_turns``)."""
     from lopd.bank import Experience
     from lopd.training.base_policy import trajectory
 
-    entries = []
+    entries, failed = [], 0
     for t in train:
         if t.task_id in have:
             continue
@@ -55,7 +56,9 @@ def _scripted(params: Params, envs, train, have: set) -> list:
         reward = float(episode.reward())
         if reward >= params.bank.min_reward:
             entries.append(Experience(t.task_id, t.domain, t.family, t.prompt, msgs, reward))
-    return entries
+        else:
+            failed += 1
+    return entries, failed
 
 
 def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
@@ -82,10 +85,15 @@ def run(params: Params, paths: Paths) -> dict:
         raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty "
                         "(a random-weight model such as the stand-in solves nothing; only a path check may set "
                         "bank.scripted_demos: true to fill the bank with scripted demonstrations)")
+    n_failed = 0
     if scripted:
-        entries += _scripted(params, envs, train, {e.task_id for e in entries})
+        demos, n_failed = _scripted(params, envs, train, {e.task_id for e in entries})
+        entries += demos
         print(f"PATH CHECK, NOT A RESULT: bank.scripted_demos is set: the bank holds {n_policy} policy "
-              f"successes and {len(entries) - n_policy} scripted demonstrations")
+              f"successes and {len(demos)} scripted demonstrations ({n_failed} scripted solutions failed)")
+        if not entries:
+            raise RunFailed(f"no policy success and every one of the {n_failed} scripted solutions failed "
+                            "(envs.max_turns too small for them?): the experience bank would be empty")
     bank, prec = _precision(params, bb, entries, val, bp.embedder)
     precision = {bp.embedder: prec}
     other = "minilm" if bp.embedder == "backbone" else "backbone"
@@ -95,7 +103,8 @@ def run(params: Params, paths: Paths) -> dict:
         precision[other] = {"error": f"{type(e).__name__}: {e}"}
     extra = {"retrieval_precision_val": precision, "splits_read": splits_read()}
     if scripted:  # the default bank's manifest is unchanged
-        extra["path_check"] = {"policy_successes": n_policy, "scripted_demos": len(entries) - n_policy}
+        extra["path_check"] = {"policy_successes": n_policy, "scripted_demos": len(entries) - n_policy,
+                               "scripted_failed": n_failed}
     manifest = bank.save(paths.bank, extra)
     print(f"bank: {len(bank)} experiences {manifest['by_family']}; val retrieval precision {precision}")
     return manifest
