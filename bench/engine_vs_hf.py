@@ -15,8 +15,8 @@ lean decoder where it supports the model: fused below ``FUSE_MAX_PARAMS``, map b
 with ``engine="hf"`` (the Hugging Face forward over our ragged cache), and ``model.generate``
 (left-padded batch, ``do_sample=True``, ``top_k=0``, ``top_p=1``, the same turn-end token as EOS,
 ``max_new_tokens``). tokens/s = tokens generated (all rows, up to and including the turn end) /
-wall seconds, prefill included; after one warm-up call each, the three run interleaved ``--repeats``
-times, median reported.
+wall seconds, prefill included; after a warm-up call of each on two rows, the three run interleaved
+``--repeats`` times, median reported.
 Both use ``--threads`` torch threads (default: ``model.torch_threads`` of params.yaml).
 """
 
@@ -116,12 +116,15 @@ def measure(bb, p, batch: int, new_tokens: int, repeats: int) -> dict:
 
     tasks = make_env("code", p.envs).generate(7, batch)
     seeds = list(range(batch))
-    runs = {"engine auto": lambda: _engine_run(bb, tasks, new_tokens, "auto", seeds),
-            "engine hf": lambda: _engine_run(bb, tasks, new_tokens, "hf", seeds),
-            "generate()": lambda: _generate_run(bb, tasks, new_tokens, 0)}
-    rates: dict[str, list[float]] = {k: [] for k in runs}
-    for fn in runs.values():  # warm-up: first-call set-up (allocator, kernels) is not decoding
+    def runs_on(ts: list) -> dict:
+        return {"engine auto": lambda: _engine_run(bb, ts, new_tokens, "auto", seeds[:len(ts)]),
+                "engine hf": lambda: _engine_run(bb, ts, new_tokens, "hf", seeds[:len(ts)]),
+                "generate()": lambda: _generate_run(bb, ts, new_tokens, 0)}
+
+    for fn in runs_on(tasks[:2]).values():  # warm-up on two rows: first-call set-up is not decoding
         fn()
+    runs = runs_on(tasks)
+    rates: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeats):
         for k, fn in runs.items():
             t0 = time.perf_counter()

@@ -131,3 +131,24 @@ def test_replayed_rewards_equal_the_environment_on_the_script(setting):
         actions = [text for role, text in r.messages if role == "assistant"]
         _, reward = run_actions(envs["tool"], r.task, actions)
         assert r.reward == reward
+
+
+def test_standin_config_and_tokenizer_load_as_a_downloaded_checkpoint(setting, tmp_path):
+    from lopd.model.standin import EMBED_MULTIPLE, IM_END, QWEN3_0_6B, standin_config
+    from lopd.model.tokenizer import load_tokenizer
+
+    bpe = setting[4].tok
+    bpe.save_pretrained(str(tmp_path))
+    tok = load_tokenizer(tmp_path)  # AutoTokenizer, local files only
+    assert tok.eos_token == IM_END and tok.bos_token is None and tok.pad_token == "<|endoftext|>"
+    text = tok.apply_chat_template([{"role": "user", "content": "ro mu bank : send 8 to cy"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nro mu bank : send 8 to cy<|im_end|>\n<|im_start|>assistant\n"
+    cfg = standin_config(tok)
+    assert cfg.architectures == ["Qwen3ForCausalLM"] and cfg.model_type == "qwen3"
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"):
+        assert getattr(cfg, key) == QWEN3_0_6B[key], key
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (1024, 28, 16, 8)
+    assert cfg.vocab_size % EMBED_MULTIPLE == 0 and len(tok) <= cfg.vocab_size < len(tok) + EMBED_MULTIPLE
+    assert cfg.eos_token_id == tok.eos_token_id
