@@ -8,6 +8,7 @@
 #
 # Workspace: bench/out/standin (rebuilt each run), params = params.yaml + profiles/qwen3-0.6b-standin.yaml
 # + profiles/standin-cpu-toy.yaml. Prints each stage's wall time and the total. Offline.
+# FROM=<stage> (e.g. FROM=cold-start) keeps the workspace's earlier outputs and starts at that stage.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WS=${WS:-$REPO/bench/out/standin}
@@ -17,16 +18,22 @@ export PATH="$REPO/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MLFL
 if [ ! -f "$STANDIN/config.json" ]; then
   (cd "$REPO" && lopd make-standin)
 fi
-rm -rf "$WS"
-mkdir -p "$WS/models/external"
-ln -s "$STANDIN" "$WS/models/external/qwen3-0.6b-standin"
+FROM=${FROM:-prepare}
+if [ "$FROM" = prepare ]; then
+  rm -rf "$WS"
+  mkdir -p "$WS/models/external"
+  ln -s "$STANDIN" "$WS/models/external/qwen3-0.6b-standin"
+fi
 cd "$WS"
 lopd --params "$REPO/params.yaml" apply-profile "$REPO/profiles/qwen3-0.6b-standin.yaml" --out params.yaml
 lopd --params params.yaml apply-profile "$REPO/profiles/standin-cpu-toy.yaml" --out params.yaml
 
 arms=$(python -c "import yaml; print(' '.join(yaml.safe_load(open('params.yaml'))['train']['arms']))")
 t_all=$(date +%s)
+started=0
 run() {
+  [ "$1" = "$FROM" ] && started=1
+  [ $started = 1 ] || { echo "lopd $* (skipped: FROM=$FROM)"; return 0; }
   local t0; t0=$(date +%s)
   lopd --params params.yaml "$@" > "log.$(echo "$*" | tr ' ' '_')" 2>&1 || {
     echo "FAILED: lopd $* (log: $WS/log.$(echo "$*" | tr ' ' '_'))"; tail -20 "log.$(echo "$*" | tr ' ' '_')"; exit 1; }
@@ -35,7 +42,7 @@ run() {
 run prepare
 run base
 run bank
-grep -q '"path_check"' models/bank/manifest.json || { echo "bank manifest does not mark the path check"; exit 1; }
+[ $started = 0 ] || grep -q '"path_check"' models/bank/manifest.json || { echo "bank manifest does not mark the path check"; exit 1; }
 run cold-start
 run hpo
 for arm in $arms; do run train --arm "$arm" --seed 0; done

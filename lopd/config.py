@@ -181,6 +181,7 @@ class ColdStartParams(_Section):
     seed: int = Field(ge=0)
     distill_weight: float = Field(ge=0.0)  # weight of KL(text teacher ‖ latent teacher); 0 = NLL only
     distill_top_m: int = Field(ge=1)
+    gate_init: float = Field(ge=0.0)
 
 
 class ProbeParams(_Section):

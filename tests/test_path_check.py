@@ -58,3 +58,47 @@ def test_bank_refuses_an_empty_bank_without_the_flag(monkeypatch, tmp_path):
                         lambda *a, **k: type("R", (), {"load": lambda self, split: []})())
     with pytest.raises(RunFailed, match="bank.scripted_demos"):
         bank_stage.run(p, type("P", (), {"splits": tmp_path})())
+
+
+def _deep_tiny_backbone(num_layers: int):
+    """The tiny qwen3 at ``num_layers`` layers with Qwen3's RMSNorm ε = 1e-6 (the tiny default's too)."""
+    import torch
+
+    from lopd.config import deep_merge, parse_params
+    from lopd.model.backbone import Backbone, build_tiny_model
+    from tests import tiny_policy as tp
+    from tests.conftest import tiny_params_dict
+
+    torch.set_num_threads(1)
+    p = parse_params(deep_merge(tiny_params_dict(), {"model": {"num_layers": num_layers}}), "deep tiny")
+    model = build_tiny_model(p.model, tp.tokenizer(), seed=0)
+    for m in model.modules():
+        if hasattr(m, "variance_epsilon"):
+            m.variance_epsilon = 1e-6
+    return Backbone(model, tp.tokenizer(), p.model), p
+
+
+@pytest.mark.parametrize("gate_init, finite", [(0.0, False), (0.001, True)])
+def test_deep_model_cold_start_needs_a_nonzero_gate(gate_init, finite):
+    """28 layers (Qwen3-0.6B's depth): a zero-gated latent prefix overflows the cold start's gradient,
+    and the cold start stops with the cause instead of writing a NaN φ0; gate_init > 0 trains."""
+    import numpy as np
+
+    from lopd.bank import ExperienceBank
+    from lopd.errors import RunFailed
+    from lopd.training.cold_start import cold_start
+
+    bb, p = _deep_tiny_backbone(28)
+    envs, tasks = _tasks(p, n_tool=3, n_code=0)
+    demos, _ = _scripted(p, envs, tasks, have=set())
+    emb = np.random.default_rng(0).normal(size=(len(demos), 8)).astype(np.float32)
+    bank = ExperienceBank(demos, emb, "backbone")
+    task_emb = {d.task_id: emb[i] for i, d in enumerate(demos)}
+    cp = p.cold_start.model_copy(update={"steps": 1, "batch_size": 2, "gate_init": gate_init})
+    if finite:
+        comp, rows = cold_start(bb, bank, task_emb, cp, k_choices=[4])
+        assert all(bool(x.isfinite().all()) for x in comp.phi_params())
+        assert float(comp.block.gate.detach()) != gate_init  # the gate trained
+    else:
+        with pytest.raises(RunFailed, match="gate_init"):
+            cold_start(bb, bank, task_emb, cp, k_choices=[4])
