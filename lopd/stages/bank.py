@@ -41,19 +41,15 @@ def _scripted(params: Params, envs, train, have: set) -> tuple[list, int]:
     tasks without a policy success: ``bank.scripted_demos``, a path check's bank only. Returns
     them and how many scripted solutions failed (e.g. more actions than ``envs.max_turns``)."""
     from lopd.bank import Experience
-    from lopd.training.base_policy import trajectory
+    from lopd.envs.tool import run_actions  # plays any domain's actions in a fresh episode
 
     entries, failed = [], 0
     for t in train:
         if t.task_id in have:
             continue
         env = envs[t.domain]
-        msgs = trajectory(env, t, env.solve(t))
-        episode = env.episode(t)
-        for role, text in msgs[1:]:
-            if role == "assistant":
-                episode.step(text)
-        reward = float(episode.reward())
+        msgs, reward = run_actions(env, t, env.solve(t))
+        reward = float(reward)
         if reward >= params.bank.min_reward:
             entries.append(Experience(t.task_id, t.domain, t.family, t.prompt, msgs, reward))
         else:
