@@ -59,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
+    m = sub.add_parser("make-standin", help="build the offline Qwen3-0.6B-shaped stand-in (random weights, a locally "
+                                            "trained BPE tokenizer) under models/external/")
+    m.add_argument("--out", default=None, help="target directory (default: models/external/qwen3-0.6b-standin)")
     _tool_parsers(sub)
     a = sub.add_parser("apply-profile", help="write params merged with a profile to a file")
     a.add_argument("profile_file")
@@ -153,6 +156,10 @@ def _dispatch(args, start_recording=lambda: None) -> int:
         print("params OK")
         return 0
     paths = Paths.for_params(args.params)
+    if args.cmd == "make-standin":
+        from lopd.model.standin import make_standin
+
+        return make_standin(params, paths.root, args.out)
     stage = importlib.import_module(f"lopd.stages.{args.cmd.replace('-', '_')}")
     _check_arm_and_seed(params, args)
     from lopd.lockguard import snapshot_for_stage

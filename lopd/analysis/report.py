@@ -49,6 +49,19 @@ INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, desig
          ("summary.json", "every headline number (not a DVC metric)")]
 
 
+PATH_CHECK_BANNER = ("> **PATH CHECK, NOT A RESULT.** `bank.scripted_demos` is set: the experience bank holds the "
+                     "environments' scripted demonstrations, not the base policy's successes (a random-weight model "
+                     "solves nothing). This run checks that every stage runs; no number here measures the method.\n\n")
+PATH_CHECK_FILES = ("README.md", "falsification.md", "main_table.md", "comparisons.md")
+
+
+def _mark_path_check(out: Path) -> None:
+    """Open every headline report file with :data:`PATH_CHECK_BANNER`."""
+    for name in PATH_CHECK_FILES:
+        f = out / name
+        write_text(f, PATH_CHECK_BANNER + f.read_text())
+
+
 def _missing_inputs(root: Path, runs, evals) -> list[str]:
     missing = [] if evals else ["results/eval/*/result.json (no test results)"]
     for arm in ARMS:
@@ -164,6 +177,9 @@ def build_report(params, root: Path = Path(".")) -> dict:
     write_text(out / "README.md", "\n".join(readme))
     summary = _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing,
                        {"metrics_rows": metric_rows, "plot_rows": plot_rows})
+    if params.bank.scripted_demos:  # the default report is unchanged
+        _mark_path_check(out)
+        summary["path_check"] = True
     summary = json.loads(json.dumps(summary))
     write_json(out / "summary.json", summary)
     return summary

@@ -64,6 +64,9 @@ class BankParams(Section):
     rollouts_per_task: int = Field(ge=1, description="base-policy rollouts per train task")
     min_reward: float = Field(ge=0.0, le=1.0, description="a rollout enters the bank if its reward is at least this")
     seed: int = Field(ge=0, description="seed of the bank's rollouts")
+    scripted_demos: bool = Field(description=(
+        "true only for a path check: a policy that solves nothing (random weights) gets a bank of the "
+        "environments' scripted solutions, and the report is marked PATH CHECK, NOT A RESULT"))
 
 
 class ColdStartParams(Section):
@@ -79,6 +82,9 @@ class ColdStartParams(Section):
                                                       "teacher) on the trajectory tokens; 0 = NLL only")
     distill_top_m: int = Field(ge=1, description="that KL's support: the text teacher's top-M tokens plus "
                                                  "one tail bucket")
+    gate_init: float = Field(ge=0.0, description=(
+        "the composer's output gate at init; 0 = fresh latents are zero. A deep model needs > 0: zero latents "
+        "reach every RMSNorm at 0, whose derivative is 1/sqrt(eps), once per layer (28 layers overflow fp32)"))
 
 
 class ProbeParams(Section):

@@ -29,6 +29,16 @@ trajectories at K=4, n_ret=2 after one cold-start step at lr 0.003: 0.132 → 0.
 ``Proj``, 0.132 → 0.173 with the zero gate). Only ``g`` receives gradient at the very first
 step; every part of φ receives gradient once ``g ≠ 0``.
 
+**Except in a deep model.** An exactly-zero prefix reaches the input RMSNorm of every layer at 0,
+where its derivative is ``w/sqrt(ε)``; the prefix's residual stream stays exactly 0 through
+every layer, so the gradient with respect to it is that factor compounded once per layer. At
+Qwen3-0.6B's 28 layers and ε = 10⁻⁶ it overflows fp32 at the first cold-start step (found on
+the stand-in, ``lopd make-standin``; reproduced by ``tests/test_path_check.py`` on a 28-layer
+tiny model). ``cold_start.gate_init`` > 0 starts the gate off zero: the first layer's RMSNorm
+then lifts the prefix to full scale and later layers see O(1) inputs (gradients finite), at
+the price of a teacher that is no longer unchanged at init. The default (tiny, 2 layers) keeps
+0; the real-model profiles set it.
+
 φ = the ``composer`` LoRA weights + this block's weights. The block holds ``k_max`` queries
 and a run uses the first ``K``; the cold start samples ``K`` per batch so that every prefix
 is trained ("nested queries"), which lets the validation search vary ``K`` without a new
@@ -44,7 +54,7 @@ from lopd.model.chat import pad_sequences
 
 
 class QFormerBlock(nn.Module):
-    def __init__(self, d: int, k_max: int, n_heads: int = 4, emb_rms: float = 1.0):
+    def __init__(self, d: int, k_max: int, n_heads: int = 4, emb_rms: float = 1.0, gate_init: float = 0.0):
         super().__init__()
         n_heads = max(h for h in range(1, n_heads + 1) if d % h == 0)
         self.k_max = k_max
@@ -59,7 +69,8 @@ class QFormerBlock(nn.Module):
         self.ln_out = nn.LayerNorm(d)
         self.proj = nn.Linear(d, d)
         self.scale = nn.Parameter(torch.tensor(float(emb_rms)))
-        self.gate = nn.Parameter(torch.zeros(()))  # fresh latents = 0: the teacher starts (almost) unchanged
+        # gate 0: fresh latents = 0, the teacher starts (almost) unchanged (module docstring)
+        self.gate = nn.Parameter(torch.tensor(float(gate_init)))
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor, K: int) -> torch.Tensor:
         """hidden (n, S, d), mask (n, S) with 1 on real tokens → latents (n, K, d)."""
@@ -78,11 +89,11 @@ class QFormerBlock(nn.Module):
 class Composer(nn.Module):
     """Encodes retrieved experiences with the backbone (``composer`` adapter) + the block."""
 
-    def __init__(self, bb, k_max: int):
+    def __init__(self, bb, k_max: int, gate_init: float = 0.0):
         super().__init__()
         with torch.no_grad():
             emb_rms = float(bb.model.get_input_embeddings().weight.float().pow(2).mean().sqrt())
-        self.block = QFormerBlock(bb.hidden_size, k_max, emb_rms=emb_rms).to(bb.device)
+        self.block = QFormerBlock(bb.hidden_size, k_max, emb_rms=emb_rms, gate_init=gate_init).to(bb.device)
         self.bb = bb
 
     def phi_params(self) -> list[nn.Parameter]:

@@ -36,6 +36,27 @@ def _successes(params: Params, bb, envs, train, seed: int) -> list:
     return entries
 
 
+def _scripted(params: Params, envs, train, have: set) -> tuple[list, int]:
+    """Scripted demonstrations (each environment's own solution, played and scored) of the train
+    tasks without a policy success: ``bank.scripted_demos``, a path check's bank only. Returns
+    them and how many scripted solutions failed (e.g. more actions than ``envs.max_turns``)."""
+    from lopd.bank import Experience
+    from lopd.envs.tool import run_actions  # plays any domain's actions in a fresh episode
+
+    entries, failed = [], 0
+    for t in train:
+        if t.task_id in have:
+            continue
+        env = envs[t.domain]
+        msgs, reward = run_actions(env, t, env.solve(t))
+        reward = float(reward)
+        if reward >= params.bank.min_reward:
+            entries.append(Experience(t.task_id, t.domain, t.family, t.prompt, msgs, reward))
+        else:
+            failed += 1
+    return entries, failed
+
+
 def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
     from lopd.bank import ExperienceBank, embed_tasks
 
@@ -55,9 +76,23 @@ def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
     seed_everything(seed, params.model.torch_threads)
     reader = data_mod.SplitReader(paths.splits, role="bank")
     train, val = reader.load("train"), reader.load("val")
-    entries = _successes(params, bb, make_envs(params), train, seed)
-    if not entries:
-        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty")
+    envs = make_envs(params)
+    entries = _successes(params, bb, envs, train, seed)
+    n_policy = len(entries)
+    scripted = bp.scripted_demos
+    if not entries and not scripted:
+        raise RunFailed("the base policy had no successful train rollouts: the experience bank would be empty "
+                        "(a random-weight model such as the stand-in solves nothing; only a path check may set "
+                        "bank.scripted_demos: true to fill the bank with scripted demonstrations)")
+    n_failed = 0
+    if scripted:
+        demos, n_failed = _scripted(params, envs, train, {e.task_id for e in entries})
+        entries += demos
+        print(f"PATH CHECK, NOT A RESULT: bank.scripted_demos is set: the bank holds {n_policy} policy "
+              f"successes and {len(demos)} scripted demonstrations ({n_failed} scripted solutions failed)")
+        if not entries:
+            raise RunFailed(f"no policy success and every one of the {n_failed} scripted solutions failed "
+                            "(envs.max_turns too small for them?): the experience bank would be empty")
     bank, prec = _precision(params, bb, entries, val, bp.embedder)
     precision = {bp.embedder: prec}
     other = "minilm" if bp.embedder == "backbone" else "backbone"
@@ -65,9 +100,12 @@ def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
         precision[other] = _precision(params, bb, entries, val, other)[1]
     except Exception as e:  # noqa: BLE001 - optional comparison; the manifest says why it is missing
         precision[other] = {"error": f"{type(e).__name__}: {e}"}
-    extra = {} if draw is None else {"draw": draw, "seed": seed}
-    manifest = bank.save(paths.upstream(draw)[0],
-                         {"retrieval_precision_val": precision, "splits_read": splits_read(), **extra})
+    extra = {"retrieval_precision_val": precision, "splits_read": splits_read(),
+             **({} if draw is None else {"draw": draw, "seed": seed})}
+    if scripted:  # the default bank's manifest is unchanged
+        extra["path_check"] = {"policy_successes": n_policy, "scripted_demos": len(entries) - n_policy,
+                               "scripted_failed": n_failed}
+    manifest = bank.save(paths.upstream(draw)[0], extra)
     print(f"bank{'' if draw is None else f' draw {draw}'}: {len(bank)} experiences {manifest['by_family']}; "
           f"val retrieval precision {precision}")
     return manifest

@@ -31,6 +31,7 @@ import random
 import torch
 
 from lopd.bank import ExperienceBank
+from lopd.errors import RunFailed
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
 from lopd.training.objectives import KLResult, reverse_kl_topm_tail, sft_loss, token_delta, token_logprobs
@@ -95,7 +96,7 @@ def cold_start(bb, bank: ExperienceBank, task_emb: dict, cp, *, k_choices: list[
     seed = cp.seed if seed is None else seed
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    comp = Composer(bb, cp.k_max)
+    comp = Composer(bb, cp.k_max, gate_init=cp.gate_init)
     phi = comp.phi_params()
     for p in phi:
         p.requires_grad_(True)
@@ -114,7 +115,11 @@ def cold_start(bb, bank: ExperienceBank, task_emb: dict, cp, *, k_choices: list[
                                       top_m=cp.distill_top_m)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(phi, 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(phi, 1.0)
+        if not torch.isfinite(grad_norm):  # clipping a non-finite norm would write NaN into φ0
+            raise RunFailed(f"non-finite composer gradient at cold-start step {step + 1} (loss {row['loss']:.4g}); "
+                            f"with cold_start.gate_init = {cp.gate_init:g} a deep model's zero latent prefix "
+                            "overflows the gradient through its RMSNorms (lopd.model.composer): set gate_init > 0")
         opt.step()
         rows.append(row)
         if on_step is not None:

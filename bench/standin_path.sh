@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The real-model path end to end on a CPU, with the Qwen3-0.6B-shaped stand-in at toy counts:
+# prepare, base (fingerprint), bank (scripted demonstrations: random weights solve nothing),
+# cold start, one short hpo trial, two train steps of lopd, grpo and opsd_text, evaluate every arm,
+# report (marked PATH CHECK, NOT A RESULT). A path check, never a result; not part of `make test`.
+#
+#   bench/standin_path.sh            (builds the stand-in first if models/external/qwen3-0.6b-standin is missing)
+#
+# Workspace: bench/out/standin (rebuilt each run), params = params.yaml + profiles/qwen3-0.6b-standin.yaml
+# + profiles/standin-cpu-toy.yaml. Prints each stage's wall time and the total. Offline.
+# FROM=<stage> (e.g. FROM=cold-start) keeps the workspace's earlier outputs and starts at that stage.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WS=${WS:-$REPO/bench/out/standin}
+STANDIN=$REPO/models/external/qwen3-0.6b-standin
+export PATH="$REPO/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MLFLOW_DISABLE_TELEMETRY=true
+
+if [ ! -f "$STANDIN/config.json" ]; then
+  (cd "$REPO" && lopd make-standin)
+fi
+FROM=${FROM:-prepare}
+if [ "$FROM" = prepare ]; then
+  rm -rf "$WS"
+  mkdir -p "$WS/models/external"
+  ln -s "$STANDIN" "$WS/models/external/qwen3-0.6b-standin"
+fi
+cd "$WS"
+lopd --params "$REPO/params.yaml" apply-profile "$REPO/profiles/qwen3-0.6b-standin.yaml" --out params.yaml
+lopd --params params.yaml apply-profile "$REPO/profiles/standin-cpu-toy.yaml" --out params.yaml
+
+arms=$(python -c "import yaml; print(' '.join(yaml.safe_load(open('params.yaml'))['train']['arms']))")
+t_all=$(date +%s)
+started=0
+run() {
+  [ "$1" = "$FROM" ] && started=1
+  [ $started = 1 ] || { echo "lopd $* (skipped: FROM=$FROM)"; return 0; }
+  local t0; t0=$(date +%s)
+  lopd --params params.yaml "$@" > "log.$(echo "$*" | tr ' ' '_')" 2>&1 || {
+    echo "FAILED: lopd $* (log: $WS/log.$(echo "$*" | tr ' ' '_'))"; tail -20 "log.$(echo "$*" | tr ' ' '_')"; exit 1; }
+  printf '%-32s %5d s\n' "lopd $*" $(( $(date +%s) - t0 ))
+}
+run prepare
+run base
+run bank
+[ $started = 0 ] || grep -q '"path_check"' models/bank/manifest.json || { echo "bank manifest does not mark the path check"; exit 1; }
+run cold-start
+run hpo
+for arm in $arms; do run train --arm "$arm" --seed 0; done
+for arm in $arms; do run evaluate --arm "$arm" --seed 0; done
+run report
+head -c 300 reports/falsification.md | grep -q "PATH CHECK, NOT A RESULT" || { echo "report not marked as a path check"; exit 1; }
+echo "stand-in path check completed in $(( $(date +%s) - t_all )) s (stand-in build not included)"
