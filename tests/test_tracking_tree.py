@@ -400,7 +400,7 @@ def test_missing_report_artifact_is_bad_input(make_params):
 # --------------------------------------------------------------------------- the smoke pipeline's store
 _READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
     "experiment": r"workspace @ [0-9a-f]{7} · params [0-9a-f]{8}",
-    "base": "base", "cold_start": "cold start", "probe": "probe",
+    "base": "base", "cold_start": r"cold start( · draw \d+)?", "probe": "probe",
     "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+",
     "hpo-baselines": r"baseline \w+ · lr=\S+ · seed \d+",
     "sensitivity": r"sensitivity( · (margin|K|n_ret)=\S+ · seed \d+)?",
