@@ -157,7 +157,7 @@ def _dispatch(args, start_recording=lambda: None) -> int:
         return 0
     paths = Paths.for_params(args.params)
     if args.cmd == "make-standin":
-        from lopd.model.standin import make_standin
+        from lopd.training.standin import make_standin
 
         return make_standin(params, paths.root, args.out)
     stage = importlib.import_module(f"lopd.stages.{args.cmd.replace('-', '_')}")

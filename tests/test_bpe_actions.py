@@ -22,7 +22,7 @@ from torch import nn
 from lopd.engine.rollout import rollout_batch
 from lopd.envs.tool import run_actions
 from lopd.model.chat import ChatFormat
-from lopd.model.standin import environment_text, train_bpe_tokenizer
+from lopd.training.standin import environment_text, train_bpe_tokenizer
 from lopd.training.base_policy import trajectory
 from tests import tiny_policy as tp
 
@@ -134,7 +134,7 @@ def test_replayed_rewards_equal_the_environment_on_the_script(setting):
 
 
 def test_standin_config_and_tokenizer_load_as_a_downloaded_checkpoint(setting, tmp_path):
-    from lopd.model.standin import EMBED_MULTIPLE, IM_END, QWEN3_0_6B, standin_config
+    from lopd.training.standin import EMBED_MULTIPLE, IM_END, QWEN3_0_6B, standin_config
     from lopd.model.tokenizer import load_tokenizer
 
     bpe = setting[4].tok
