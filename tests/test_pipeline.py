@@ -302,7 +302,7 @@ def test_a_code_change_reruns_its_stage_kind_through_the_fingerprint(smoke_recor
     r = run_cmd([str(BIN / "dvc"), "repro", "code_evaluate"], repo, 300)
     assert r.returncode == 0 and _ran(r.stdout) == ["code_evaluate"], r.stdout[-3000:] + r.stderr[-3000:]
     assert status() == set()
-    with open(repo / "lopd" / "pipeline" / "train.py", "a") as f:
+    with open(repo / "lopd" / "stages" / "train.py", "a") as f:
         f.write("# a code change\n")
     assert status() == {"code_train"}
     r = run_cmd([str(BIN / "dvc"), "repro", "code_train"], repo, 300)
