@@ -63,3 +63,19 @@ def rollout_workload(batch: int):
     kw = dict(max_new_tokens=p.evaluate.max_new_tokens, max_len=p.model.max_seq_len,
               temperature=p.evaluate.temperature)
     return p, bb, tasks, make_envs(p), kw
+
+
+def child_results(argv: list[str], arms: tuple[str, ...], **run_kw) -> dict[str, dict]:
+    """Run ``argv + ["--child", arm]`` in a fresh process per arm, one after the other (so each process's
+    peak memory is its own); each child prints its figures as one JSON line, returned by arm."""
+    import json
+    import subprocess
+
+    out = {}
+    for arm in arms:
+        r = subprocess.run([*argv, "--child", arm], capture_output=True, text=True, **run_kw)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if r.returncode != 0 or not line:
+            raise SystemExit(f"child {arm} failed:\n{r.stderr[-3000:]}")
+        out[arm] = json.loads(line[-1])
+    return out

@@ -19,12 +19,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _workspace import child_results  # noqa: E402 - bench/ is the script directory
 
 
 def child(arm: str, steps: int) -> None:
@@ -73,14 +74,8 @@ def main() -> None:
         return
     if not (Path("models/cold_start").exists() and Path("params.yaml").exists()):
         raise SystemExit(f"{a.workspace} has no cold-started composer: run bench/standin_path.sh first")
-    out = {}
-    for arm in ("sft", "lopd"):  # one after the other: one stand-in in memory at a time
-        r = subprocess.run([sys.executable, __file__, "--workspace", a.workspace, "--steps", str(a.steps),
-                            "--child", arm], capture_output=True, text=True)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if r.returncode != 0 or not line:
-            raise SystemExit(f"memory child {arm} failed:\n{r.stderr[-3000:]}")
-        out[arm] = json.loads(line[-1])
+    # one after the other: one stand-in in memory at a time
+    out = child_results([sys.executable, __file__, "--workspace", a.workspace, "--steps", str(a.steps)], ("sft", "lopd"))
     for arm, d in out.items():
         print(f"peak memory {arm:<4}: process peak {d['peak_bytes'] / 2**30:6.2f} GiB, growth during {a.steps} "
               f"step(s) {d['growth_bytes'] / 2**20:8.1f} MiB ({d['n_supervised']:.0f} supervised tokens, "

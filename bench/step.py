@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _workspace import REPO, params, workspace
+from _workspace import REPO, child_results, params, workspace
 
 sys.path.insert(0, str(REPO))  # tests.reference_rollout: the former engine
 
@@ -158,13 +157,7 @@ def peak_memory_child(arm: str) -> None:
 
 
 def memory() -> None:
-    out = {}
-    for arm in ("sft", "lopd"):
-        r = subprocess.run([sys.executable, __file__, "--child", arm], capture_output=True, text=True, cwd=Path.cwd())
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if r.returncode != 0 or not line:
-            raise SystemExit(f"memory child {arm} failed:\n{r.stderr[-2000:]}")
-        out[arm] = json.loads(line[-1])
+    out = child_results([sys.executable, __file__], ("sft", "lopd"), cwd=Path.cwd())
     for arm, d in out.items():
         print(f"peak memory {arm:<5}: process peak {d['peak_total_bytes'] / 2**20:8.1f} MiB, "
               f"growth during 3 steps {d['peak_growth_bytes'] / 2**20:7.2f} MiB")
