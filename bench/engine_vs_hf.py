@@ -97,7 +97,7 @@ def _engine_run(bb, tasks, new_tokens: int, engine: str, seeds: list[int]) -> in
 def _generate_run(bb, tasks, new_tokens: int, seed: int) -> int:
     import torch
 
-    from lopd.engine.rollout import pad_sequences
+    from lopd.model.chat import pad_sequences
 
     fmt = bb.fmt
     ids, mask = pad_sequences(fmt.prompt_ids_many([t.prompt for t in tasks]), fmt.pad_id, "cpu", left=True)

@@ -8,7 +8,8 @@
 #
 # Workspace: bench/out/standin (rebuilt each run), params = params.yaml + profiles/qwen3-0.6b-standin.yaml
 # + profiles/standin-cpu-toy.yaml. Prints each stage's wall time and the total. Offline.
-# FROM=<stage> (e.g. FROM=cold-start) keeps the workspace's earlier outputs and starts at that stage.
+# FROM=<stage> (e.g. FROM=cold-start) keeps the workspace's earlier outputs and starts at that stage;
+# UNTIL=<stage> (e.g. UNTIL=cold-start: what bench/standin_memory.py needs) stops after that stage.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WS=${WS:-$REPO/bench/out/standin}
@@ -38,6 +39,7 @@ run() {
   lopd --params params.yaml "$@" > "log.$(echo "$*" | tr ' ' '_')" 2>&1 || {
     echo "FAILED: lopd $* (log: $WS/log.$(echo "$*" | tr ' ' '_'))"; tail -20 "log.$(echo "$*" | tr ' ' '_')"; exit 1; }
   printf '%-32s %5d s\n' "lopd $*" $(( $(date +%s) - t0 ))
+  if [ "$1" = "${UNTIL:-}" ]; then echo "stopped after lopd $1 (UNTIL=$UNTIL)"; exit 0; fi
 }
 run prepare
 run base

@@ -451,6 +451,21 @@ def test_leakage_violation_is_flagged(tmp_path, kind):
     assert CLEAN_LEAKAGE_SENTENCE not in audit and lk["clean"] is False
 
 
+def test_a_draw_that_read_the_test_split_is_a_violation(tmp_path):
+    """The final runs' upstream draws (models/draws/bank-<s>, cold_start-<s>) are audited like the shared
+    bank: a draw whose manifest records a test read is a violation naming that draw's stage."""
+    make_fixture(tmp_path, n_seeds=2)
+    assert leakage(tmp_path, load_runs(tmp_path), ["lopd"])["clean"] is True
+    _wjson(tmp_path / "models" / "draws" / "bank-1" / "manifest.json",
+           {"splits_read": [{"split": "train", "role": "bank", "sha256": SHA["train"]}]})
+    _wjson(tmp_path / "models" / "draws" / "cold_start-1" / "manifest.json",
+           {"splits_read": [{"split": "test", "role": "cold_start", "sha256": SHA["test"]}]})
+    lk = leakage(tmp_path, load_runs(tmp_path), ["lopd"])
+    assert lk["clean"] is False
+    assert lk["violations"] == ["stage `cold_start_draw` (role 'cold_start') read the test split at run time "
+                                "(models/draws/cold_start-1/manifest.json)"]
+
+
 def test_content_overlap_between_splits_is_a_violation_and_missing_hashes_unverified(tmp_path):
     """Disjoint ids are not enough: a test task with a train task's content (its hash in both lists)
     is a leak; a manifest without content hashes leaves the audit unverified, not clean."""

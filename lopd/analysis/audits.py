@@ -85,6 +85,8 @@ def _runtime_records(root: Path) -> list[dict]:
         cands.append((EVAL_STAGE, p))
     for p in sorted((root / "models").glob("*/manifest.json")):
         cands.append((p.parent.name, p))
+    for p in sorted((root / "models" / "draws").glob("*/manifest.json")):  # bank-<s>, cold_start-<s>
+        cands.append((f"{p.parent.name.rpartition('-')[0]}_draw", p))  # dvc.yaml's matrix stage; the path names s
     for p in (root / "hpo" / "result.json", root / "results" / "sensitivity" / "result.json"):
         if p.exists():
             cands.append((p.parent.name, p))

@@ -54,6 +54,11 @@ class TrainParams(Section):
     beta_max: float = Field(gt=0, description="β above this marks the margin infeasible (tag infeasible_margin)")
     infeasible_patience: int = Field(ge=1, description="consecutive steps with Δ(φ) < m that mark the margin "
                                                        "infeasible")
+    recompute_context_passes: bool = Field(description=(
+        "true: the passes a KD step adds to the student's (the composer over the retrieved experiences, the "
+        "teacher given c_φ) keep only each decoder layer's input and run the layer again in backward "
+        "(activation checkpointing): the same gradients, LOPD's step memory near an SFT step's, one more "
+        "forward of those passes in time. On in the real-model profiles; off for the tiny model"))
     use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
                                               "(hpo/best_params.yaml); false: from this section")
     per_seed_draws: bool = Field(description=(

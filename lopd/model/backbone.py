@@ -13,8 +13,9 @@ adapter that was inactive in a forward pass gets no gradient from it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -111,6 +112,30 @@ def dir_hash(path: str | Path) -> str:
     return sha256_path(path)
 
 
+def _switch_role(tuner_layers: list[nn.Module], lora_params: list[nn.Parameter], role: str) -> None:
+    """Activate ``role``'s LoRA branch in ``tuner_layers`` (the teacher: every adapter off).
+
+    peft's public switches also set requires_grad; which parameters train is the caller's choice
+    (θ always, φ unless frozen), not the role's, so the flags are restored after.
+    """
+    flags = [p.requires_grad for p in lora_params]
+    for m in tuner_layers:
+        if role == "teacher":
+            m.enable_adapters(False)
+        else:
+            m.enable_adapters(True)
+            m.set_adapter(role)
+    for p, f in zip(lora_params, flags):
+        p.requires_grad_(f)
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (each a ``GradientCheckpointingLayer``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 class Backbone:
     """A base causal LM carrying the ``student`` and ``composer`` LoRA adapters."""
 
@@ -137,19 +162,64 @@ class Backbone:
     def mode(self, role: str) -> "Backbone":
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; known: {ROLES}")
-        # peft's public switches also set requires_grad; which parameters train is the caller's
-        # choice (θ always, φ unless frozen), not the role's, so the flags are restored after
-        flags = [p.requires_grad for p in self._lora]
-        for m in self._layers:
-            if role == "teacher":
-                m.enable_adapters(False)
-            else:
-                m.enable_adapters(True)
-                m.set_adapter(role)
-        for p, f in zip(self._lora, flags):
-            p.requires_grad_(f)
+        _switch_role(self._layers, self._lora, role)
         self.role = role
         return self
+
+    @contextmanager
+    def recompute_in_backward(self, enabled: bool = True) -> Iterator[None]:
+        """Activation checkpointing, decoder layer by decoder layer, for the passes run inside.
+
+        A layer that runs with gradients keeps only its inputs; backward runs it again (the same
+        kernels on the same inputs, so the same values) and then backpropagates through it. Memory:
+        one layer's activations instead of every layer's; time: one more forward of those passes.
+        The replay switches the layer's adapters to the role its forward ran under, because backward
+        runs after the trainer has moved on to other roles. Passes without gradients run unchanged.
+        """
+        if not enabled:
+            yield
+            return
+        from torch.utils.checkpoint import checkpoint
+
+        blocks = _decoder_layers(self.model)
+        if not blocks:
+            raise BadInput(f"{type(self.model.base_model.model).__name__} has no decoder layers this backbone can "
+                           "recompute (transformers' GradientCheckpointingLayer); set "
+                           "train.recompute_context_passes: false")
+        lora_ids = {id(m) for m in self._layers}
+
+        def wrap(block: nn.Module):
+            forward = block.forward
+            tuners = [m for m in block.modules() if id(m) in lora_ids]
+            lora = [p for n, p in block.named_parameters() if "lora_" in n]
+
+            @contextmanager
+            def as_role(role: str) -> Iterator[None]:
+                current = self.role
+                _switch_role(tuners, lora, role)
+                try:
+                    yield
+                finally:
+                    _switch_role(tuners, lora, current)
+
+            def recomputed(*args, **kwargs):
+                if not torch.is_grad_enabled():
+                    return forward(*args, **kwargs)
+                role = self.role
+                return checkpoint(forward, *args, use_reentrant=False,
+                                  context_fn=lambda: (nullcontext(), as_role(role)), **kwargs)
+            return recomputed
+
+        shadowed = [vars(block).get("forward") for block in blocks]  # a forward patched onto the instance
+        for block in blocks:
+            block.forward = wrap(block)  # an instance attribute shadows the class's forward
+        try:
+            yield
+        finally:
+            for block, prior in zip(blocks, shadowed):
+                del block.forward
+                if prior is not None:
+                    block.forward = prior
 
     @property
     def device(self) -> torch.device:

@@ -77,6 +77,7 @@ class HParams:
     checkpoint_every: int
     beta_max: float
     infeasible_patience: int
+    recompute_context_passes: bool
     max_new_tokens: int
     max_len: int
 
@@ -146,10 +147,13 @@ def _kd(tr: "Trainer", batch: dict) -> StepLoss:
     hp, bb, arm = tr.hp, tr.bb, tr.arm
     ids, attn, targets, mask, rewards = batch["ids"], batch["attn"], batch["targets"], batch["mask"], batch["rewards"]
     student_logits = bb.logits(ids, attn, "student")[:, :-1]
-    ctx = tr.context.build(batch["tasks"])
-    grad_to_phi = ctx.latent and arm.train_composer
-    with torch.set_grad_enabled(grad_to_phi):
-        teacher_logits = bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn, latent_prefix=ctx.latent)[:, :-1]
+    # the passes LOPD adds to an SFT step (composer over the experiences, teacher given c_φ) carry φ's
+    # gradient; recomputing them in backward keeps the step's memory near SFT's at real size
+    with bb.recompute_in_backward(hp.recompute_context_passes):
+        ctx = tr.context.build(batch["tasks"])
+        grad_to_phi = ctx.latent and arm.train_composer
+        with torch.set_grad_enabled(grad_to_phi):
+            teacher_logits = bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn, latent_prefix=ctx.latent)[:, :-1]
     s_logp = torch.log_softmax(student_logits.float(), -1)
     t_logp = torch.log_softmax(teacher_logits.float(), -1)
     kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
