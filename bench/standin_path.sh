@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-model path end to end on a CPU, with the Qwen3-0.6B-shaped stand-in at toy counts:
 # prepare, base (fingerprint), bank (scripted demonstrations: random weights solve nothing),
-# cold start, one short hpo trial, two train steps of lopd, grpo and opsd_text, evaluate every arm,
+# cold start, one short hpo trial, the seeds' bank and cold-start draws, two train steps of lopd, grpo and
+# opsd_text, evaluate every arm,
 # report (marked PATH CHECK, NOT A RESULT). A path check, never a result; not part of `make test`.
 #
 #   bench/standin_path.sh            (builds the stand-in first if models/external/qwen3-0.6b-standin is missing)
@@ -47,6 +48,9 @@ run bank
 [ $started = 0 ] || grep -q '"path_check"' models/bank/manifest.json || { echo "bank manifest does not mark the path check"; exit 1; }
 run cold-start
 run hpo
+# the final runs' upstream draws (train.per_seed_draws): seed s of every arm reads bank and cold-start draw s
+seeds=$(python -c "import yaml; print(' '.join(str(s) for s in yaml.safe_load(open('params.yaml'))['train']['seeds']))")
+for s in $seeds; do run bank --draw "$s"; run cold-start --draw "$s"; done
 for arm in $arms; do run train --arm "$arm" --seed 0; done
 for arm in $arms; do run evaluate --arm "$arm" --seed 0; done
 run report
