@@ -66,7 +66,8 @@ def child(child_arm: str, steps: int) -> None:
     step_s = (time.perf_counter() - t0) / steps
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     n_params = sum(x.numel() for x in res.bb.model.parameters())
-    print(json.dumps({"arm": child_arm, "recompute": hp.recompute_context_passes, "peak_bytes": peak * 1024, "step_s": step_s, "growth_bytes": (peak - before) * 1024,
+    print(json.dumps({"arm": child_arm, "recompute": hp.recompute_context_passes, "peak_bytes": peak * 1024,
+                      "step_s": step_s, "growth_bytes": (peak - before) * 1024,
                       "n_supervised": row.get("n_supervised"), "n_params": n_params}))
 
 
@@ -83,9 +84,11 @@ def main() -> None:
     if not (Path("models/cold_start").exists() and Path("params.yaml").exists()):
         raise SystemExit(f"{a.workspace} has no cold-started composer: run bench/standin_path.sh first")
     # one after the other: one stand-in in memory at a time
-    out = child_results([sys.executable, __file__, "--workspace", a.workspace, "--steps", str(a.steps)], ("sft", "lopd", "lopd-keep"))
+    out = child_results([sys.executable, __file__, "--workspace", a.workspace, "--steps", str(a.steps)],
+                        ("sft", "lopd", "lopd-keep"))
     for arm, d in out.items():
-        print(f"peak memory {arm:<9} (recompute {str(d['recompute']).lower():<5}): process peak {d['peak_bytes'] / 2**30:6.2f} GiB, growth during {a.steps} "
+        print(f"peak memory {arm:<9} (recompute {str(d['recompute']).lower():<5}): process peak "
+              f"{d['peak_bytes'] / 2**30:6.2f} GiB, growth during {a.steps} "
               f"step(s) {d['growth_bytes'] / 2**20:8.1f} MiB ({d['n_supervised']:.0f} supervised tokens, "
               f"{d['n_params'] / 1e6:.1f}M parameters; {d['step_s']:.1f} s per step)")
     print(f"LOPD / SFT process peak memory = {out['lopd']['peak_bytes'] / out['sft']['peak_bytes']:.2f} "

@@ -30,7 +30,10 @@ cd "$WS"
 lopd --params "$REPO/params.yaml" apply-profile "$REPO/profiles/qwen3-0.6b-standin.yaml" --out params.yaml
 lopd --params params.yaml apply-profile "$REPO/profiles/standin-cpu-toy.yaml" --out params.yaml
 
-arms=$(python -c "import yaml; print(' '.join(yaml.safe_load(open('params.yaml'))['train']['arms']))")
+train_list() {  # a list under params.yaml's train section, space-separated
+  python -c "import sys, yaml; print(' '.join(map(str, yaml.safe_load(open('params.yaml'))['train'][sys.argv[1]])))" "$1"
+}
+arms=$(train_list arms)
 t_all=$(date +%s)
 started=0
 run() {
@@ -49,8 +52,7 @@ run bank
 run cold-start
 run hpo
 # the final runs' upstream draws (train.per_seed_draws): seed s of every arm reads bank and cold-start draw s
-seeds=$(python -c "import yaml; print(' '.join(str(s) for s in yaml.safe_load(open('params.yaml'))['train']['seeds']))")
-for s in $seeds; do run bank --draw "$s"; run cold-start --draw "$s"; done
+for s in $(train_list seeds); do run bank --draw "$s"; run cold-start --draw "$s"; done
 for arm in $arms; do run train --arm "$arm" --seed 0; done
 for arm in $arms; do run evaluate --arm "$arm" --seed 0; done
 run report
