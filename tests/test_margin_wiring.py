@@ -42,7 +42,7 @@ def _trainer(monkeypatch, arm: str, *, margin: float, eta: float, beta0: float, 
     tr._rollout_batch = lambda: {"rewards": torch.ones(2), "mask": torch.ones(2, 3)}
     script: list[tuple[float, float]] = []
 
-    def objective(_tr, _batch):
+    def objective(_tr, _batch, _passes):
         d, w = script.pop(0)
         return StepLoss(None, {"delta_phi": d, "delta_weight": w})
 

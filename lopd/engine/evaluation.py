@@ -40,27 +40,53 @@ def evaluate_policy(model, fmt, envs: dict, tasks: list[Task], *, max_new_tokens
     ``rewards``, ``by_domain[d]`` = mean of ``reward`` over the domain's tasks and ``mean`` =
     mean over domains. ``model`` must already be in its student mode.
     """
+    return evaluate_members(model, fmt, envs, tasks, seeds=[seed], max_new_tokens=max_new_tokens, max_len=max_len,
+                            batch_size=batch_size, greedy=greedy, temperature=temperature,
+                            samples_per_task=samples_per_task, progress=progress)[0]
+
+
+def evaluate_members(model, fmt, envs: dict, tasks: list[Task], *, seeds: list[int], max_new_tokens: int,
+                     max_len: int, batch_size: int = 64, greedy: bool = True, temperature: float = 1.0,
+                     samples_per_task: int = 1, route=None, progress=None) -> list[dict]:
+    """:func:`evaluate_policy` of several policies at once, one per entry of ``seeds`` (member ``i``
+    evaluated with seed ``seeds[i]``), their rollouts batched together ``batch_size`` rows at a time.
+
+    ``route(members)``, for policies that share ``model`` (population members,
+    :mod:`lopd.model.members`), is a context manager around each batch, given each row's member; it
+    yields the ``on_rows`` callback that routes the engine's rows (then the Hugging Face forward
+    runs). Without ``route`` there is one policy (``model`` as it is). Returns one summary per member.
+    """
+    from contextlib import nullcontext
+
     if samples_per_task < 1:
         raise BadInput(f"evaluate.samples_per_task must be >= 1 (got {samples_per_task})")
     if len({t.task_id for t in tasks}) != len(tasks):
         raise BadInput("evaluation tasks must have distinct task_ids (a task's samples are keyed by its id)")
+    if route is None and len(seeds) != 1:
+        raise ValueError("several members share the model only through a route")
     n = 1 if greedy else samples_per_task
-    jobs = [(t, k) for t in tasks for k in range(n)]
+    jobs = [(i, t, k) for i in range(len(seeds)) for t in tasks for k in range(n)]
     was_training = model.training
     model.eval()
     rollouts: list[Rollout] = []
-    for i in range(0, len(jobs), batch_size):
-        chunk = jobs[i:i + batch_size]
-        rollouts += rollout_batch(model, fmt, envs, [t for t, _ in chunk], max_new_tokens=max_new_tokens,
-                                  max_len=max_len, greedy=greedy, temperature=temperature,
-                                  seeds=[sample_seed(seed, t.task_id, k) for t, k in chunk])
+    for at in range(0, len(jobs), batch_size):
+        chunk = jobs[at:at + batch_size]
+        with (route([i for i, _, _ in chunk]) if route is not None else nullcontext()) as on_rows:
+            rollouts += rollout_batch(model, fmt, envs, [t for _, t, _ in chunk], max_new_tokens=max_new_tokens,
+                                      max_len=max_len, greedy=greedy, temperature=temperature,
+                                      seeds=[sample_seed(seeds[i], t.task_id, k) for i, t, k in chunk],
+                                      **({"engine": "hf", "on_rows": on_rows} if on_rows is not None else {}))
         if progress is not None:
             progress()
     if was_training:
         model.train()
-    out = summarize_rollouts(rollouts)
-    out["samples_per_task"] = n
-    return out
+    per_member = len(tasks) * n
+    outs = []
+    for i in range(len(seeds)):
+        out = summarize_rollouts(rollouts[i * per_member:(i + 1) * per_member])
+        out["samples_per_task"] = n
+        outs.append(out)
+    return outs
 
 
 def summarize_rollouts(rollouts: list[Rollout]) -> dict:

@@ -150,7 +150,7 @@ def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
                   use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto",
-                  cpu_threads: int | None = 1) -> list[Rollout]:
+                  cpu_threads: int | None = 1, on_rows=None) -> list[Rollout]:
     """Roll the policy ``model`` out on ``tasks`` (one episode each, at most ``max_len`` tokens,
     at most ``max_new_tokens`` policy tokens per turn).
 
@@ -162,13 +162,19 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     ``engine``: ``"auto"`` runs the lean :class:`~lopd.engine.fast_decoder.FastDecoder` forward where
     it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
     ``cpu_threads``: torch's intra-op threads while decoding on a CPU (restored afterwards;
-    ``None`` keeps the caller's). One by default: a decoding step is many tiny operations
+    ``None`` keeps the caller's). ``on_rows(rows)``, if given, is called before every forward pass
+    with the indices (into ``tasks``) of the rows it runs, in batch order: a population of
+    members (:mod:`lopd.model.members`) routes each row through its own member's adapter with
+    it. One by default: a decoding step is many tiny operations
     that splitting across threads only slows down (every split waits for the slowest
     thread, and on a busy machine that is a whole scheduler time slice), and the other core
     is left to the sandboxed programs being scored meanwhile.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")
+    if on_rows is not None and engine != "hf":
+        raise ValueError("on_rows routes rows through the model's own modules: it needs engine='hf' (the lean "
+                         "decoder reads the weights directly)")
     if not tasks:
         return []
     if seeds is not None and len(seeds) != len(tasks):
@@ -181,14 +187,14 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool, _intra_op_threads(model, cpu_threads):
         scores: dict[int, float | Future] = {}
         _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,
-                temperature=temperature, use_cache=use_cache, engine=engine)
+                temperature=temperature, use_cache=use_cache, engine=engine, on_rows=on_rows)
         rewards = [float(scores[i].result() if isinstance(scores[i], Future) else scores[i]) for i in range(len(rows))]
     return [Rollout(task=r.task, messages=r.msgs, ids=r.seq, gen_mask=r.gmask, reward=rewards[i],
                     n_generated=r.n_gen, finished=r.done) for i, r in enumerate(rows)]
 
 
 def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: ThreadPoolExecutor, *, max_new_tokens: int,
-            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str) -> None:
+            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str, on_rows=None) -> None:
     """Run every row to its end. A finished row is scored at once into ``scores[i]``: in a
     ``pool`` thread when its reward runs a sandboxed program (concurrently with decoding),
     inline otherwise (cheaper than a thread hand-off)."""
@@ -210,6 +216,8 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
     fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
+        if on_rows is not None:
+            on_rows(live)
         logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
         positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
         tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, positions=positions,

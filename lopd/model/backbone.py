@@ -22,6 +22,7 @@ from torch import nn
 
 from lopd.compat import peft as compat_peft
 from lopd.errors import BadInput
+from lopd.model import members
 from lopd.model.chat import ChatFormat
 
 ROLES = ("student", "composer", "teacher")
@@ -112,19 +113,19 @@ def dir_hash(path: str | Path) -> str:
     return sha256_path(path)
 
 
-def _switch_role(tuner_layers: list[nn.Module], lora_params: list[nn.Parameter], role: str) -> None:
-    """Activate ``role``'s LoRA branch in ``tuner_layers`` (the teacher: every adapter off).
+def _switch_role(tuner_layers: list[nn.Module], lora_params: list[nn.Parameter], adapter: str | None) -> None:
+    """Activate the LoRA adapter ``adapter`` in ``tuner_layers`` (None, the teacher: every adapter off).
 
     peft's public switches also set requires_grad; which parameters train is the caller's choice
     (θ always, φ unless frozen), not the role's, so the flags are restored after.
     """
     flags = [p.requires_grad for p in lora_params]
     for m in tuner_layers:
-        if role == "teacher":
+        if adapter is None:
             m.enable_adapters(False)
         else:
             m.enable_adapters(True)
-            m.set_adapter(role)
+            m.set_adapter(adapter)
     for p, f in zip(lora_params, flags):
         p.requires_grad_(f)
 
@@ -150,21 +151,61 @@ class Backbone:
             p.requires_grad_(False)
         self.model = get_peft_model(base, cfg, adapter_name="student")
         self.model.add_adapter("composer", cfg)
+        self._lora_config = cfg
         for name, p in self.model.named_parameters():
             p.requires_grad_("lora_" in name)
         self.hidden_size = base.config.get_text_config().hidden_size if hasattr(base.config, "get_text_config") else base.config.hidden_size
         self._layers = compat_peft.tuner_layers(self.model)
         self._lora = [p for n, p in self.model.named_parameters() if "lora_" in n]
+        # role -> peft adapter; a population member's view maps the roles to its own adapters
+        self.adapters = {"student": "student", "composer": "composer"}
+        self.routing = members.MemberRouting()  # shared by every view: the rows' members while routed
         self.role = None
         self.mode("student")
 
     # ------------------------------------------------------------------ roles
+    def _adapter(self, role: str) -> str | None:
+        return None if role == "teacher" else self.adapters[role]
+
     def mode(self, role: str) -> "Backbone":
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; known: {ROLES}")
-        _switch_role(self._layers, self._lora, role)
+        _switch_role(self._layers, self._lora, self._adapter(role))
         self.role = role
         return self
+
+    # ------------------------------------------------------------------ population members
+    def members(self, n: int) -> list["Backbone"]:
+        """Views of this backbone for ``n`` population members (:mod:`lopd.model.members`): view
+        ``i`` is this backbone with its ``student`` and ``composer`` roles mapped to member ``i``'s
+        own adapters (added here if missing, at the same LoRA config). Views share the model,
+        so one forward can run every member (:meth:`member_rows`)."""
+        import copy
+
+        existing = set(self.model.peft_config)
+        for i in range(n):
+            for role in ("student", "composer"):
+                name = members.adapter_name(role, i)
+                if name not in existing:
+                    self.model.add_adapter(name, self._lora_config)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_("lora_" in name)
+        self._lora[:] = [p for name, p in self.model.named_parameters() if "lora_" in name]  # every view's list
+        members.install(self._layers, self.routing)
+        self.mode(self.role or "student")
+        views = []
+        for i in range(n):
+            v = copy.copy(self)
+            v.adapters = {role: members.adapter_name(role, i) for role in ("student", "composer")}
+            views.append(v)
+        return views
+
+    def member_rows(self, role: str, member_of_row: torch.Tensor, n_members: int):
+        """Context: the forward passes inside run row ``n`` through member ``member_of_row[n]``'s
+        ``role`` adapter (views from :meth:`members`)."""
+        dtype = next(iter(self._lora)).dtype
+        return members.member_rows(self.routing, role, member_of_row.to(self.device), n_members,
+                                   self._lora_config.r, dtype)
 
     @contextmanager
     def recompute_in_backward(self, enabled: bool = True) -> Iterator[None]:
@@ -196,11 +237,11 @@ class Backbone:
             @contextmanager
             def as_role(role: str) -> Iterator[None]:
                 current = self.role
-                _switch_role(tuners, lora, role)
+                _switch_role(tuners, lora, self._adapter(role))
                 try:
                     yield
                 finally:
-                    _switch_role(tuners, lora, current)
+                    _switch_role(tuners, lora, self._adapter(current))
 
             def recomputed(*args, **kwargs):
                 if not torch.is_grad_enabled():
@@ -229,7 +270,9 @@ class Backbone:
         return self.model.get_input_embeddings()(ids)
 
     def adapter_params(self, name: str) -> list[nn.Parameter]:
-        return [p for n, p in self.model.named_parameters() if f".{name}." in n and "lora_" in n]
+        """The LoRA parameters of role ``name``'s adapter (``student`` or ``composer``)."""
+        adapter = self.adapters[name]
+        return [p for n, p in self.model.named_parameters() if f".{adapter}." in n and "lora_" in n]
 
     def base_params(self) -> list[nn.Parameter]:
         return [p for n, p in self.model.named_parameters() if "lora_" not in n]
@@ -240,7 +283,8 @@ class Backbone:
         return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
     def teacher_logits(self, prefix: torch.Tensor | None, prefix_mask: torch.Tensor | None, ids: torch.Tensor,
-                       attn: torch.Tensor, latent_prefix: bool = True) -> torch.Tensor:
+                       attn: torch.Tensor, latent_prefix: bool = True,
+                       prefix_shift: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher (adapters disabled) logits over ``ids`` given a prefix of embeddings.
 
         ``prefix``: (N, L, d) — the composer's latents ``c_φ`` or embedded context text.
@@ -248,6 +292,9 @@ class Backbone:
         Positions: the rollout tokens keep exactly the student's positions ``0..T-1``; a latent
         prefix sits at position 0 (it is a bag of ``n_ret·K`` summary vectors), while a text
         prefix is ordinary text and takes positions ``0..L-1`` with the rollout shifted by L.
+        ``prefix_shift`` (N,): for a text prefix, how much extra left padding each row's prefix got
+        beyond its own batch's width (a population pads its members' prefixes to one width); the
+        row's positions are shifted back by it, so its real tokens keep their positions.
         Returns logits aligned with ``ids`` (N, T, V): the prefix positions are dropped.
         """
         self.mode("teacher")
@@ -262,6 +309,8 @@ class Backbone:
                              torch.arange(T, device=ids.device).expand(n, T)], dim=1)
         else:
             pos = torch.arange(L + T, device=ids.device).expand(n, L + T)
+            if prefix_shift is not None:  # the shifted-out positions are padding (masked): clamped, never read
+                pos = (pos - prefix_shift.to(ids.device)[:, None]).clamp_min(0)
         out = self.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, use_cache=False).logits
         return out[:, L:]
 
@@ -275,7 +324,8 @@ class Backbone:
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
-        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+        state = get_peft_model_state_dict(self.model, adapter_name=self.adapters[name])
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
         from peft import set_peft_model_state_dict
@@ -284,7 +334,7 @@ class Backbone:
         if set(state) != expected:
             raise BadInput(f"adapter {name!r} state does not match this backbone "
                            f"({len(set(state) ^ expected)} mismatched tensors)")
-        set_peft_model_state_dict(self.model, state, adapter_name=name)
+        set_peft_model_state_dict(self.model, state, adapter_name=self.adapters[name])
         for n, p in self.model.named_parameters():
             p.requires_grad_("lora_" in n)
         self.mode(self.role or "student")

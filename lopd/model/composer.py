@@ -101,16 +101,23 @@ class Composer(nn.Module):
 
     def forward(self, experiences: list[list[list[int]]], K: int) -> torch.Tensor:
         """``experiences[i]`` = the n_ret token-id lists retrieved for task i → c_φ (N, n_ret·K, d)."""
+        n_ret = self.n_ret(experiences)
+        ids, mask = pad_sequences([x for e in experiences for x in e], self.bb.fmt.pad_id, self.bb.device)
+        h = self.bb.hidden_states(ids, mask, role="composer")
+        return self.compress(h, mask, n_ret, K)
+
+    @staticmethod
+    def n_ret(experiences: list[list[list[int]]]) -> int:
         n_ret = {len(e) for e in experiences}
         if len(n_ret) != 1:
             raise ValueError(f"every task needs the same number of experiences, got {sorted(n_ret)}")
-        n_ret = n_ret.pop()
-        N = len(experiences)
-        flat = [x for e in experiences for x in e]
-        ids, mask = pad_sequences(flat, self.bb.fmt.pad_id, self.bb.device)
-        h = self.bb.hidden_states(ids, mask, role="composer")
+        return n_ret.pop()
+
+    def compress(self, h: torch.Tensor, mask: torch.Tensor, n_ret: int, K: int) -> torch.Tensor:
+        """The block over the encoder's hidden states ``h`` (N·n_ret, S, d) of the experiences, task
+        by task → c_φ (N, n_ret·K, d)."""
         z = self.block(h.to(self.block.queries.dtype), mask, K)  # (N·n_ret, K, d)
-        return z.reshape(N, n_ret * K, -1)
+        return z.reshape(h.shape[0] // n_ret, n_ret * K, -1)
 
     def state(self) -> dict[str, torch.Tensor]:
         st = {f"block.{k}": v.detach().cpu().clone() for k, v in self.block.state_dict().items()}

@@ -100,7 +100,8 @@ def _set_rng_state(st: dict, py: random.Random, gen: torch.Generator) -> None:
     np.random.set_state(st["np"])
 
 
-def _trainer_tensors(tr) -> dict[str, torch.Tensor]:
+def trainer_tensors(tr) -> dict[str, torch.Tensor]:
+    """A trainer's weights: student adapter, composer, learned context."""
     t = {f"student.{k}": v for k, v in tr.bb.adapter_state("student").items()}
     if tr.composer is not None:
         t.update({f"composer.{k}": v for k, v in tr.composer.state().items()})
@@ -108,26 +109,25 @@ def _trainer_tensors(tr) -> dict[str, torch.Tensor]:
     return t
 
 
-def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def save_trainer(tr, ckpt_dir: Path, extra: dict | None = None) -> None:
-    """Everything a resumed run needs to continue bit-identically: adapters, composer, optimisers,
+def trainer_state(tr, extra: dict | None = None) -> dict:
+    """Everything but the weights that a resumed run needs to continue bit-identically: optimisers,
     β, RNG states, counters and the history so far."""
-    state = {"step": tr.step, "rollouts_used": tr.rollouts_used, "beta": tr.beta, "history": tr.history,
-             "opt_theta": tr.opt_theta.state_dict(), "opt_phi": tr.opt_phi.state_dict() if tr.opt_phi else None,
-             "rng": _rng_state(tr.py_rng, tr.gen), "infeasible_streak": tr.infeasible_streak,
-             "infeasible": tr.infeasible, "last_val": tr.last_val, **(extra or {})}
-    save_checkpoint(ckpt_dir, _trainer_tensors(tr), state)
+    return {"step": tr.step, "rollouts_used": tr.rollouts_used, "beta": tr.beta, "history": tr.history,
+            "opt_theta": tr.opt_theta.state_dict(), "opt_phi": tr.opt_phi.state_dict() if tr.opt_phi else None,
+            "rng": _rng_state(tr.py_rng, tr.gen), "infeasible_streak": tr.infeasible_streak,
+            "infeasible": tr.infeasible, "last_val": tr.last_val, **(extra or {})}
 
 
-def restore_trainer(tr, ckpt_dir: Path) -> dict:
-    tensors, state = load_checkpoint(ckpt_dir)
-    tr.bb.load_adapter_state("student", _prefixed(tensors, "student."))
+def load_trainer_state(tr, tensors: dict[str, torch.Tensor], state: dict) -> None:
+    """The inverse of :func:`trainer_tensors` and :func:`trainer_state`."""
+    tr.bb.load_adapter_state("student", prefixed(tensors, "student."))
     if tr.composer is not None:
-        tr.composer.load_state(_prefixed(tensors, "composer."))
-    tr.context.load_state(_prefixed(tensors, "context."))
+        tr.composer.load_state(prefixed(tensors, "composer."))
+    tr.context.load_state(prefixed(tensors, "context."))
     tr.opt_theta.load_state_dict(state["opt_theta"])
     if tr.opt_phi and state["opt_phi"]:
         tr.opt_phi.load_state_dict(state["opt_phi"])
@@ -135,4 +135,14 @@ def restore_trainer(tr, ckpt_dir: Path) -> dict:
     tr.history = state["history"]
     tr.infeasible_streak, tr.infeasible, tr.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
     _set_rng_state(state["rng"], tr.py_rng, tr.gen)
+
+
+def save_trainer(tr, ckpt_dir: Path, extra: dict | None = None) -> None:
+    """A run's checkpoint: its weights and its state (:func:`trainer_state`)."""
+    save_checkpoint(ckpt_dir, trainer_tensors(tr), trainer_state(tr, extra))
+
+
+def restore_trainer(tr, ckpt_dir: Path) -> dict:
+    tensors, state = load_checkpoint(ckpt_dir)
+    load_trainer_state(tr, tensors, state)
     return state

@@ -72,14 +72,16 @@ class ContextBuilder:
             return [self.learned]
         return self.composer.phi_params() if self.composer is not None else []
 
-    def build(self, tasks: list[Task]) -> TeacherContext:
+    def build(self, tasks: list[Task], latents: torch.Tensor | None = None) -> TeacherContext:
+        """The teacher's context for ``tasks``; ``latents``: the composer's output on them, where the
+        caller already ran it (a population runs every member's composer in one pass)."""
         if self.arm.context == "text":
             return self._text(tasks)
         if self.arm.context == "learned":
             c = self.learned.unsqueeze(0).expand(len(tasks), -1, -1)
             c0 = self._learned0.unsqueeze(0).expand(len(tasks), -1, -1)
         else:
-            c = self.composer([self.experiences_for(t) for t in tasks], self.hp.K)
+            c = latents if latents is not None else self.composer([self.experiences_for(t) for t in tasks], self.hp.K)
             if not self.arm.train_composer:
                 c = c.detach()
             c0 = torch.stack([self._anchor(t) for t in tasks])

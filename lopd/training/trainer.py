@@ -112,7 +112,8 @@ class Resources:
     student_init: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.student_init = self.bb.adapter_state("student")
+        if not self.student_init:  # a population member's copy keeps the shared one
+            self.student_init = self.bb.adapter_state("student")
 
 
 @dataclass
@@ -123,37 +124,58 @@ class StepLoss:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _sft(tr: "Trainer", batch: dict) -> StepLoss:
+class Passes:
+    """The forward passes of one step of one run, computed when an objective asks for them.
+
+    A population (:mod:`lopd.population`) hands each member the slices of its batched passes
+    instead (:class:`lopd.population.trainer.MemberPasses`), through the same two methods.
+    """
+
+    def __init__(self, tr: "Trainer", batch: dict):
+        self.tr, self.batch = tr, batch
+
+    def student_logits(self) -> torch.Tensor:
+        """(N, T−1, V): the student's logits at every position that predicts a next token."""
+        b = self.batch
+        return self.tr.bb.logits(b["ids"], b["attn"], "student")[:, :-1]
+
+    def context_and_teacher(self):
+        """(the teacher's context, its logits (N, T−1, V) given that context)."""
+        tr, b = self.tr, self.batch
+        # the passes LOPD adds to an SFT step (composer over the experiences, teacher given c_φ) carry φ's
+        # gradient; recomputing them in backward keeps the step's memory near SFT's at real size
+        with tr.bb.recompute_in_backward(tr.hp.recompute_context_passes):
+            ctx = tr.context.build(b["tasks"])
+            with torch.set_grad_enabled(ctx.latent and tr.arm.train_composer):
+                logits = tr.bb.teacher_logits(ctx.prefix, ctx.mask, b["ids"], b["attn"], latent_prefix=ctx.latent)
+        return ctx, logits[:, :-1]
+
+
+def _sft(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
     """NLL of the student's own successful rollouts (reward = 1)."""
     w = (batch["rewards"] >= 1.0).float()
     if w.sum() == 0:
         return StepLoss(None)
-    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    logits = passes.student_logits()
     return StepLoss(obj.sft_loss(obj.token_logprobs(logits, batch["targets"]), batch["mask"], weights=w))
 
 
-def _grpo(tr: "Trainer", batch: dict) -> StepLoss:
+def _grpo(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
     """Group-normalised advantages, token-level policy-gradient surrogate, no KL."""
     adv = obj.grpo_advantages(batch["rewards"].view(-1, tr.hp.group_size)).view(-1)
     if adv.abs().sum() == 0:
         return StepLoss(None)
-    logits = tr.bb.logits(batch["ids"], batch["attn"], "student")[:, :-1]
+    logits = passes.student_logits()
     return StepLoss(obj.policy_gradient_loss(obj.token_logprobs(logits, batch["targets"]), adv, batch["mask"]))
 
 
-def _kd(tr: "Trainer", batch: dict) -> StepLoss:
+def _kd(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
     """Reverse KL(π_S ‖ π_T) to the context-conditioned frozen teacher; for a trained φ also the
     anchor λ‖c_φ − c_φ0‖² and (margin arms) the Lagrangian term β·(m − Δ(φ))."""
-    hp, bb, arm = tr.hp, tr.bb, tr.arm
-    ids, attn, targets, mask, rewards = batch["ids"], batch["attn"], batch["targets"], batch["mask"], batch["rewards"]
-    student_logits = bb.logits(ids, attn, "student")[:, :-1]
-    # the passes LOPD adds to an SFT step (composer over the experiences, teacher given c_φ) carry φ's
-    # gradient; recomputing them in backward keeps the step's memory near SFT's at real size
-    with bb.recompute_in_backward(hp.recompute_context_passes):
-        ctx = tr.context.build(batch["tasks"])
-        grad_to_phi = ctx.latent and arm.train_composer
-        with torch.set_grad_enabled(grad_to_phi):
-            teacher_logits = bb.teacher_logits(ctx.prefix, ctx.mask, ids, attn, latent_prefix=ctx.latent)[:, :-1]
+    hp, arm = tr.hp, tr.arm
+    targets, mask, rewards = batch["targets"], batch["mask"], batch["rewards"]
+    student_logits = passes.student_logits()
+    ctx, teacher_logits = passes.context_and_teacher()
     s_logp = torch.log_softmax(student_logits.float(), -1)
     t_logp = torch.log_softmax(teacher_logits.float(), -1)
     kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
@@ -176,7 +198,7 @@ def _kd(tr: "Trainer", batch: dict) -> StepLoss:
     return StepLoss(loss, m)
 
 
-OBJECTIVES: dict[str, Callable[["Trainer", dict], StepLoss]] = {"sft": _sft, "grpo": _grpo, "kd": _kd}
+OBJECTIVES: dict[str, Callable[["Trainer", dict, Passes], StepLoss]] = {"sft": _sft, "grpo": _grpo, "kd": _kd}
 
 
 class Trainer:
@@ -256,19 +278,32 @@ class Trainer:
         rollouts = rollout_batch(bb.model, bb.fmt, self.res.envs, tasks, max_new_tokens=hp.max_new_tokens,
                                  max_len=hp.max_len, greedy=False, temperature=hp.temperature, generator=self.gen)
         bb.model.train()
+        return self.batch_of(tasks, rollouts)
+
+    def batch_of(self, tasks: list[Task], rollouts: list) -> dict:
+        """The step's training batch from its rollouts (counted against the rollout budget)."""
         self.rollouts_used += len(rollouts)
-        ids, attn, mask = collate(rollouts, bb.fmt.pad_id, bb.device)
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=bb.device)
+        ids, attn, mask = collate(rollouts, self.bb.fmt.pad_id, self.bb.device)
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=self.bb.device)
         return {"tasks": tasks, "ids": ids, "attn": attn, "mask": mask, "targets": ids[:, 1:], "rewards": rewards}
 
     def train_step(self) -> dict:
         t0 = time.time()
         batch = self._rollout_batch()
+        out, m = self.objective(batch, Passes(self, batch))
+        self._apply(out.loss, m)
+        return self.end_step(m, t0)
+
+    def objective(self, batch: dict, passes: Passes) -> tuple[StepLoss, dict]:
+        """The arm's loss on ``batch`` and the step's metrics so far."""
         m: dict[str, float] = {"reward": float(batch["rewards"].mean()), "n_supervised": float(batch["mask"].sum())}
-        out = OBJECTIVES[self.arm.objective](self, batch)
+        out = OBJECTIVES[self.arm.objective](self, batch, passes)
         m.update(out.metrics)
         m["loss"] = float(out.loss.detach()) if out.loss is not None else 0.0
-        self._apply(out.loss, m)
+        return out, m
+
+    def end_step(self, m: dict, t0: float) -> dict:
+        """After the optimiser step: β's dual update, the feasibility watch, the step's row."""
         self._dual_update(m)
         m["beta"] = self.beta
         self._feasibility(m)
@@ -277,8 +312,9 @@ class Trainer:
         m.pop("delta_weight", None)
         return m
 
-    def _apply(self, loss: torch.Tensor | None, m: dict) -> None:
-        """One optimiser step on θ (and φ), decided together across ranks."""
+    def takes_step(self, loss: torch.Tensor | None, m: dict) -> bool:
+        """Whether this step updates the weights (decided together across ranks); a non-finite
+        loss stops the run."""
         take_step = loss is not None
         bad = loss is not None and not bool(torch.isfinite(loss.detach()))
         if self.world is not None:  # every rank issues the same collectives
@@ -286,13 +322,15 @@ class Trainer:
         if bad:
             raise RunFailed(f"non-finite loss ({m['loss']}) at step {self.step + 1} of {self.arm.name} seed "
                             f"{self.seed}; last good checkpoint kept in {self.ckpt_dir}")
-        if not take_step:
-            return
+        return take_step
+
+    def zero_grad(self) -> None:
         self.opt_theta.zero_grad(set_to_none=True)
         if self.opt_phi:
             self.opt_phi.zero_grad(set_to_none=True)
-        if loss is not None:
-            loss.backward()
+
+    def optimiser_step(self) -> None:
+        """Clip θ's and φ's gradients (each to norm 1) and step their optimisers."""
         if self.world is not None:
             self.world.all_reduce_grads(self.theta + self.phi)
         torch.nn.utils.clip_grad_norm_(self.theta, 1.0)
@@ -300,6 +338,15 @@ class Trainer:
         if self.opt_phi:
             torch.nn.utils.clip_grad_norm_(self.phi, 1.0)
             self.opt_phi.step()
+
+    def _apply(self, loss: torch.Tensor | None, m: dict) -> None:
+        """One optimiser step on θ (and φ), decided together across ranks."""
+        if not self.takes_step(loss, m):
+            return
+        self.zero_grad()
+        if loss is not None:
+            loss.backward()
+        self.optimiser_step()
 
     def _dual_update(self, m: dict) -> None:
         """Dual ascent on β for φ's constraint Δ(φ) ≥ m, after the primal step."""
@@ -324,15 +371,25 @@ class Trainer:
             self.infeasible = True
 
     # ------------------------------------------------------------------ validation
+    def validation_tasks(self, tasks: list[Task] | None = None) -> list[Task]:
+        return tasks if tasks is not None else stratified(self.res.val_tasks, self.hp.val_tasks)
+
+    def validation_seed(self) -> int:
+        # the same sampling seeds for every run of one seed (common random numbers across search trials)
+        return 10_000 + self.seed
+
     def validate(self, tasks: list[Task] | None = None) -> float:
-        tasks = tasks if tasks is not None else stratified(self.res.val_tasks, self.hp.val_tasks)
+        tasks = self.validation_tasks(tasks)
         ev = self.res.params.evaluate
         self.bb.mode("student")
-        # the same sampling seeds for every run of one seed (common random numbers across search trials)
         res = evaluate_policy(self.bb.model, self.bb.fmt, self.res.envs, tasks, max_new_tokens=self.hp.max_new_tokens,
                               max_len=self.hp.max_len, batch_size=ev.batch_size, greedy=ev.greedy,
-                              temperature=ev.temperature, seed=10_000 + self.seed,
+                              temperature=ev.temperature, seed=self.validation_seed(),
                               samples_per_task=self.hp.val_samples_per_task)
+        return self.took_validation(tasks, res)
+
+    def took_validation(self, tasks: list[Task], res: dict) -> float:
+        """Keep a validation's per-task rewards; its mean reward."""
         self.last_val_per_task = [float(r["reward"]) for r in res["per_task"]]
         self.bb.model.train()
         return res["mean"] if tasks is not None and len(tasks) else float("nan")

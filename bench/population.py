@@ -1,0 +1,94 @@
+"""Population training: per-step wall time and per-member throughput for S = 1, 2, 5, 10 members.
+
+    python bench/population.py [--arm lopd] [--sizes 1 2 5 10] [--steps 6] [--workdir DIR]
+
+Each size trains a population of S seeds of ``--arm`` on the default model and batch
+(``train.tasks_per_step`` rollouts per member and step) for ``--steps`` steps after one warm-up
+step, and reports the median step wall time, the rollouts per second per member, and the process's
+CPU use over those steps (CPU seconds / wall seconds / cores). The plain serial trainer (one run,
+today's path: the lean decoder for rollouts, peft's own forward) is timed the same way, as the
+reference a member's speed-up is counted against. Validation is timed apart: one validation round
+of one member (populations validate member by member).
+Goal (issue 33): at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
+``--workdir``: a pipeline directory with ``models/base``, ``models/bank``, ``models/cold_start`` (the
+default is this repo's, else a tiny workspace under ``bench/out/ws``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from _workspace import params, workspace
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _time_steps(step, steps: int) -> dict:
+    step()  # warm-up: first-call allocations, lazy imports
+    times, cpu0, wall0 = [], _cpu(), time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - wall0
+    return {"step_s": statistics.median(times), "cpu_use": (_cpu() - cpu0) / wall / (os.cpu_count() or 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arm", default="lopd")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 5, 10])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    if args.workdir:
+        os.chdir(args.workdir)
+    else:
+        workspace()
+
+    import torch
+
+    from lopd.arms import ARMS
+    from lopd.paths import Paths
+    from lopd.population.trainer import Member, Population
+    from lopd.stages.common import load_resources
+    from lopd.training.trainer import HParams, Trainer
+
+    p = params()
+    torch.set_num_threads(p.model.torch_threads)
+    hp = HParams.from_params(p, steps=10_000, val_every=10_000, checkpoint_every=10_000)
+    arm = ARMS[args.arm]
+    print(f"arm {args.arm}: {hp.tasks_per_step} rollouts per member and step, {args.steps} timed steps after one "
+          f"warm-up, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
+
+    res = load_resources(p, Paths(os.getcwd()), role="train")
+    tr = Trainer(res, arm, hp, seed=0)
+    tr.prepare()
+    serial = _time_steps(tr.train_step, args.steps)
+    t0 = time.perf_counter()
+    tr.validate()
+    val_s = time.perf_counter() - t0
+    print(f"serial trainer: {serial['step_s']:.3f} s per step, "
+          f"{hp.tasks_per_step / serial['step_s']:.1f} rollouts/s, CPU use {serial['cpu_use']:.0%}; "
+          f"one validation round {val_s:.2f} s")
+    print(f"{'S':>3} {'step s':>8} {'vs S=1':>7} {'member rollouts/s':>18} {'member speed-up':>16} {'CPU use':>8}")
+    first = None
+    for S in args.sizes:
+        res = load_resources(p, Paths(os.getcwd()), role="train")  # a fresh backbone per size
+        pop = Population(res, arm, [Member(hp, seed) for seed in range(S)])
+        for m in pop.trainers:
+            m.prepare()
+        r = _time_steps(pop.train_step, args.steps)
+        first = first or r["step_s"]
+        print(f"{S:>3} {r['step_s']:>8.3f} {r['step_s'] / first:>7.2f} {hp.tasks_per_step / r['step_s'] * 1:>18.1f} "
+              f"{serial['step_s'] * S / r['step_s']:>15.2f}x {r['cpu_use']:>8.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""A population's members on one backbone: each row of a batch through its own member's adapter.
+
+A member ``i`` of a population owns the peft adapters ``student_m{i}`` and ``composer_m{i}`` (its θ
+and the LoRA part of its φ), next to the backbone's own ``student`` and ``composer``. A member's
+view of the backbone (:meth:`lopd.model.backbone.Backbone.members`) maps the roles to its adapters,
+so a :class:`~lopd.training.trainer.Trainer` built on a view trains that member and nothing else
+(its optimiser, checkpoints and state-dict layout are a single run's).
+
+While :func:`member_rows` is active, every LoRA layer computes, for row ``n`` of its input
+(member ``μ(n)``), ``y_n = W x_n + s · B_μ(n) A_μ(n) x_n`` in two matmuls for all members at once:
+
+    h = x [A_0; …; A_{S-1}]ᵀ          (N, …, S·r)  every member's down-projection
+    h ← h ⊙ M[μ(n)]                   the row keeps only its member's r columns (M: 0/1 blocks)
+    y = W x + s · h [B_0 | … | B_{S-1}]ᵀ
+
+Masking is exact (×1 or ×0), so a row's output is its member's LoRA output; only the order in
+which the final sum adds the zeros of other members' columns differs from a member alone (a
+last-bit difference, which is why the population's independence tests use tolerances). The
+gradient of ``A_i`` and ``B_i`` comes from member ``i``'s rows only. Outside the context every
+layer runs peft's own forward, unchanged.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class MemberRouting:
+    """What the patched LoRA layers read: each member's adapter name for the role being run, and
+    the (N, S·r) 0/1 mask of the batch's rows (None: run peft's own forward)."""
+
+    names: list[str] | None = None
+    mask: torch.Tensor | None = None
+
+
+def adapter_name(role: str, member: int) -> str:
+    return f"{role}_m{member}"
+
+
+def row_mask(member_of_row: torch.Tensor, n_members: int, r: int, dtype: torch.dtype) -> torch.Tensor:
+    """``M[n, i·r + j] = 1`` iff row ``n`` belongs to member ``i`` (``member_of_row``: (N,) long)."""
+    cols = torch.arange(n_members, device=member_of_row.device).repeat_interleave(r)
+    return (member_of_row[:, None] == cols[None, :]).to(dtype)
+
+
+def install(tuner_layers: list, routing: MemberRouting) -> None:
+    """Give every peft LoRA layer the member route (an instance ``forward``; idempotent)."""
+    for mod in tuner_layers:
+        if "forward" in vars(mod):
+            continue
+        mod.forward = _routed(mod, type(mod).forward.__get__(mod), routing)
+
+
+def _routed(mod, peft_forward, routing: MemberRouting):
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if routing.mask is None or mod.disable_adapters:
+            return peft_forward(x, *args, **kwargs)
+        names = routing.names
+        a = torch.cat([mod.lora_A[n].weight for n in names])  # (S·r, in)
+        b = torch.cat([mod.lora_B[n].weight for n in names], dim=1)  # (out, S·r)
+        result = mod.base_layer(x, *args, **kwargs)
+        mask = routing.mask.view(routing.mask.shape[0], *([1] * (x.dim() - 2)), -1)
+        h = F.linear(x.to(a.dtype), a) * mask
+        return (result + F.linear(h, b) * mod.scaling[names[0]]).to(result.dtype)
+    return forward
+
+
+@contextmanager
+def member_rows(routing: MemberRouting, role: str, member_of_row: torch.Tensor, n_members: int,
+                r: int, dtype: torch.dtype) -> Iterator[MemberRouting]:
+    """Route the rows of the forward passes run inside through their members' ``role`` adapters.
+    ``routing.mask`` may be replaced inside (the rollout engine's rows change as rows finish)."""
+    if role == "teacher":
+        raise ValueError("the teacher runs without adapters: no member routing")
+    prior = (routing.names, routing.mask)
+    routing.names = [adapter_name(role, i) for i in range(n_members)]
+    routing.mask = row_mask(member_of_row, n_members, r, dtype)
+    try:
+        yield routing
+    finally:
+        routing.names, routing.mask = prior
