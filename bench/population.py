@@ -1,6 +1,7 @@
 """Population training: per-step wall time and per-member throughput for S = 1, 2, 5, 10 members.
 
     python bench/population.py [--arm lopd] [--sizes 1 2 5 10] [--steps 6] [--workdir DIR]
+    python bench/population.py --fit 10 [--arm lopd] [--workdir DIR]
 
 Each size trains a population of S seeds of ``--arm`` on the default model and batch
 (``train.tasks_per_step`` rollouts per member and step) for ``--steps`` steps after one warm-up
@@ -8,7 +9,14 @@ step, and reports the median step wall time, the rollouts per second per member,
 CPU use over those steps (CPU seconds / wall seconds / cores). The plain serial trainer (one run,
 today's path: the lean decoder for rollouts, peft's own forward) is timed the same way, as the
 reference a member's speed-up is counted against. Validation is timed apart: one validation round
-of one member (populations validate member by member).
+(of the serial run; of all S members, batched). Per size also the median split of a step: the
+batched rollout (with its scoring), the forward passes with the members' losses, the backward with
+the optimiser steps, and the token positions the passes run per second of forward+backward: flat in
+S means the passes are bound by arithmetic, not by per-call overhead, and batching cannot make them
+cheaper per member.
+``--fit S``: whole runs instead, at the default horizon with validation and checkpoints: S seeds one
+after the other with the serial trainer (as S train stages run them, less the stages' start-up),
+then the same S seeds as one population.
 Goal (issue 33): at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
 ``--workdir``: a pipeline directory with ``models/base``, ``models/bank``, ``models/cold_start`` (the
 default is this repo's, else a tiny workspace under ``bench/out/ws``).
@@ -20,6 +28,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 from _workspace import params, workspace
 
@@ -29,15 +38,20 @@ def _cpu() -> float:
     return t.user + t.system
 
 
-def _time_steps(step, steps: int) -> dict:
+def _time_steps(step, steps: int, parts=None) -> dict:
     step()  # warm-up: first-call allocations, lazy imports
-    times, cpu0, wall0 = [], _cpu(), time.perf_counter()
+    times, split, cpu0, wall0 = [], [], _cpu(), time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+        if parts is not None:
+            split.append(dict(parts()))
     wall = time.perf_counter() - wall0
-    return {"step_s": statistics.median(times), "cpu_use": (_cpu() - cpu0) / wall / (os.cpu_count() or 1)}
+    out = {"step_s": statistics.median(times), "cpu_use": (_cpu() - cpu0) / wall / (os.cpu_count() or 1)}
+    for k in split[0] if split else ():
+        out[k] = statistics.median(s[k] for s in split)
+    return out
 
 
 def main() -> None:
@@ -46,6 +60,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 5, 10])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--fit", type=int, default=0, metavar="S")
     args = ap.parse_args()
     if args.workdir:
         os.chdir(args.workdir)
@@ -67,7 +82,9 @@ def main() -> None:
     print(f"arm {args.arm}: {hp.tasks_per_step} rollouts per member and step, {args.steps} timed steps after one "
           f"warm-up, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
 
-    res = load_resources(p, Paths(os.getcwd()), role="train")
+    if args.fit:
+        return _fit(p, arm, args.fit)
+    res = load_resources(p, Paths(Path.cwd()), role="train")
     tr = Trainer(res, arm, hp, seed=0)
     tr.prepare()
     serial = _time_steps(tr.train_step, args.steps)
@@ -77,17 +94,46 @@ def main() -> None:
     print(f"serial trainer: {serial['step_s']:.3f} s per step, "
           f"{hp.tasks_per_step / serial['step_s']:.1f} rollouts/s, CPU use {serial['cpu_use']:.0%}; "
           f"one validation round {val_s:.2f} s")
-    print(f"{'S':>3} {'step s':>8} {'vs S=1':>7} {'member rollouts/s':>18} {'member speed-up':>16} {'CPU use':>8}")
+    print(f"{'S':>3} {'step s':>8} {'vs S=1':>7} {'member rollouts/s':>18} {'member speed-up':>16} {'CPU use':>8} "
+          f"{'rollout s':>10} {'fwd s':>7} {'bwd s':>7} {'pass tokens/s':>14} {'val round s':>12}")
     first = None
     for S in args.sizes:
-        res = load_resources(p, Paths(os.getcwd()), role="train")  # a fresh backbone per size
+        res = load_resources(p, Paths(Path.cwd()), role="train")  # a fresh backbone per size
         pop = Population(res, arm, [Member(hp, seed) for seed in range(S)])
         for m in pop.trainers:
             m.prepare()
-        r = _time_steps(pop.train_step, args.steps)
+        r = _time_steps(pop.train_step, args.steps, parts=lambda: pop.last_timing)
         first = first or r["step_s"]
-        print(f"{S:>3} {r['step_s']:>8.3f} {r['step_s'] / first:>7.2f} {hp.tasks_per_step / r['step_s'] * 1:>18.1f} "
-              f"{serial['step_s'] * S / r['step_s']:>15.2f}x {r['cpu_use']:>8.0%}")
+        t0 = time.perf_counter()
+        pop.validate()
+        val = time.perf_counter() - t0
+        print(f"{S:>3} {r['step_s']:>8.3f} {r['step_s'] / first:>7.2f} {hp.tasks_per_step / r['step_s']:>18.1f} "
+              f"{serial['step_s'] * S / r['step_s']:>15.2f}x {r['cpu_use']:>8.0%} {r['rollouts']:>10.3f} "
+              f"{r['forward']:>7.3f} {r['backward']:>7.3f} {r['tokens'] / (r['forward'] + r['backward']):>14.0f} {val:>12.2f}")
+
+
+def _fit(p, arm, S: int) -> None:
+    import tempfile
+
+    from lopd.paths import Paths
+    from lopd.population.trainer import Member, Population
+    from lopd.stages.common import load_resources
+    from lopd.training.trainer import HParams, Trainer
+
+    hp = HParams.from_params(p)
+    print(f"whole runs: {hp.steps} steps, validation every {hp.val_every}, checkpoint every {hp.checkpoint_every}")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = load_resources(p, Paths(Path.cwd()), role="train")
+        t0 = time.perf_counter()
+        for seed in range(S):
+            Trainer(res, arm, hp, seed, ckpt_dir=Path(tmp) / f"serial-{seed}").fit()
+        serial = time.perf_counter() - t0
+        print(f"serial: {S} runs in {serial:.1f} s ({serial / S:.1f} s per run)")
+        res = load_resources(p, Paths(Path.cwd()), role="train")
+        t0 = time.perf_counter()
+        Population(res, arm, [Member(hp, seed) for seed in range(S)], ckpt_dir=Path(tmp) / "population").fit()
+        pop = time.perf_counter() - t0
+        print(f"population: {S} members in {pop:.1f} s ({pop / S:.1f} s per member); {serial / pop:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,20 @@ so a :class:`~lopd.training.trainer.Trainer` built on a view trains that member 
 (its optimiser, checkpoints and state-dict layout are a single run's).
 
 While :func:`member_rows` is active, every LoRA layer computes, for row ``n`` of its input
-(member ``μ(n)``), ``y_n = W x_n + s · B_μ(n) A_μ(n) x_n`` in two matmuls for all members at once:
+(member ``μ(n)``), ``y_n = W x_n + s · B_μ(n) A_μ(n) x_n`` for all members at once. Where the rows
+are S equal consecutive blocks (a training step's passes: every member has the same number of
+rollouts), as one batched matmul per factor: block ``i`` times ``A_iᵀ`` then ``B_iᵀ``. Otherwise (the
+rollout engine's live rows, once some have finished) with a mask:
 
     h = x [A_0; …; A_{S-1}]ᵀ          (N, …, S·r)  every member's down-projection
     h ← h ⊙ M[μ(n)]                   the row keeps only its member's r columns (M: 0/1 blocks)
     y = W x + s · h [B_0 | … | B_{S-1}]ᵀ
 
 Masking is exact (×1 or ×0), so a row's output is its member's LoRA output; only the order in
-which the final sum adds the zeros of other members' columns differs from a member alone (a
-last-bit difference, which is why the population's independence tests use tolerances). The
-gradient of ``A_i`` and ``B_i`` comes from member ``i``'s rows only. Outside the context every
+which the final sum adds the zeros of other members' columns differs from a member alone. Both
+paths are other kernels than a member alone runs (a last-bit difference, which is why the
+population's independence tests use tolerances). The gradient of ``A_i`` and ``B_i`` comes from
+member ``i``'s rows only. Outside the context every
 layer runs peft's own forward, unchanged.
 """
 
@@ -32,11 +36,30 @@ import torch.nn.functional as F
 
 @dataclass
 class MemberRouting:
-    """What the patched LoRA layers read: each member's adapter name for the role being run, and
-    the (N, S·r) 0/1 mask of the batch's rows (None: run peft's own forward)."""
+    """What the patched LoRA layers read: each member's adapter name for the role being run, and how
+    the batch's rows map to members — ``blocks``: the rows are ``S`` equal consecutive blocks, member
+    ``i``'s the ``i``-th (one ``bmm`` per map, no wasted arithmetic); else ``mask``, the (N, S·r) 0/1
+    mask. Neither set: peft's own forward runs."""
 
     names: list[str] | None = None
     mask: torch.Tensor | None = None
+    blocks: int | None = None
+    r: int = 0
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+
+    @property
+    def active(self) -> bool:
+        return self.names is not None and (self.blocks is not None or self.mask is not None)
+
+    def set_rows(self, member_of_row: torch.Tensor) -> None:
+        """Route row ``n`` of the next passes through member ``member_of_row[n]``."""
+        S = len(self.names)
+        n = member_of_row.shape[0]
+        if n % S == 0 and torch.equal(member_of_row.cpu(), torch.arange(S).repeat_interleave(n // S)):
+            self.blocks, self.mask = S, None
+        else:
+            self.blocks, self.mask = None, row_mask(member_of_row.to(self.device), S, self.r, self.dtype)
 
 
 def adapter_name(role: str, member: int) -> str:
@@ -59,29 +82,38 @@ def install(tuner_layers: list, routing: MemberRouting) -> None:
 
 def _routed(mod, peft_forward, routing: MemberRouting):
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if routing.mask is None or mod.disable_adapters:
+        if not routing.active or mod.disable_adapters:
             return peft_forward(x, *args, **kwargs)
         names = routing.names
-        a = torch.cat([mod.lora_A[n].weight for n in names])  # (S·r, in)
-        b = torch.cat([mod.lora_B[n].weight for n in names], dim=1)  # (out, S·r)
         result = mod.base_layer(x, *args, **kwargs)
-        mask = routing.mask.view(routing.mask.shape[0], *([1] * (x.dim() - 2)), -1)
-        h = F.linear(x.to(a.dtype), a) * mask
-        return (result + F.linear(h, b) * mod.scaling[names[0]]).to(result.dtype)
+        xa = x.to(mod.lora_A[names[0]].weight.dtype)
+        if routing.blocks is not None:  # member i's rows are the i-th block: (S, rows·…, in) @ (S, in, r) @ (S, r, out)
+            S = routing.blocks
+            a = torch.stack([mod.lora_A[n].weight for n in names]).transpose(1, 2)
+            b = torch.stack([mod.lora_B[n].weight for n in names]).transpose(1, 2)
+            lora = torch.bmm(torch.bmm(xa.reshape(S, -1, xa.shape[-1]), a), b).reshape(*x.shape[:-1], -1)
+        else:
+            a = torch.cat([mod.lora_A[n].weight for n in names])  # (S·r, in)
+            b = torch.cat([mod.lora_B[n].weight for n in names], dim=1)  # (out, S·r)
+            mask = routing.mask.view(routing.mask.shape[0], *([1] * (x.dim() - 2)), -1)
+            lora = F.linear(F.linear(xa, a) * mask, b)
+        return (result + lora * mod.scaling[names[0]]).to(result.dtype)
     return forward
 
 
 @contextmanager
 def member_rows(routing: MemberRouting, role: str, member_of_row: torch.Tensor, n_members: int,
                 r: int, dtype: torch.dtype) -> Iterator[MemberRouting]:
-    """Route the rows of the forward passes run inside through their members' ``role`` adapters.
-    ``routing.mask`` may be replaced inside (the rollout engine's rows change as rows finish)."""
+    """Route the rows of the forward passes run inside through their members' ``role`` adapters
+    (:meth:`MemberRouting.set_rows` may re-route inside: the rollout engine's rows change as rows
+    finish)."""
     if role == "teacher":
         raise ValueError("the teacher runs without adapters: no member routing")
-    prior = (routing.names, routing.mask)
+    prior = (routing.names, routing.mask, routing.blocks, routing.r, routing.dtype, routing.device)
     routing.names = [adapter_name(role, i) for i in range(n_members)]
-    routing.mask = row_mask(member_of_row, n_members, r, dtype)
+    routing.r, routing.dtype, routing.device = r, dtype, member_of_row.device
+    routing.set_rows(member_of_row)
     try:
         yield routing
     finally:
-        routing.names, routing.mask = prior
+        routing.names, routing.mask, routing.blocks, routing.r, routing.dtype, routing.device = prior

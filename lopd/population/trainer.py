@@ -111,6 +111,7 @@ class Population:
         self.trainers = [Trainer(replace(res, bb=views[i]), arm, m.hp, m.seed, tracker=m.tracker, on_val=m.on_val)
                          for i, m in enumerate(members)]
         self.hp = members[0].hp
+        self.last_timing: dict[str, float] = {}
 
     @property
     def step(self) -> int:
@@ -121,11 +122,10 @@ class Population:
     def _route(self, owner: list[int]) -> Iterator[Callable[[list[int]], None]]:
         """Route a rollout batch's rows (row ``n`` of member ``owner[n]``) through their members'
         student adapters; yields the engine's ``on_rows`` (its live rows change as rows finish)."""
-        with self.bb.member_rows("student", torch.tensor(owner, dtype=torch.long), self.n) as routing:
-            full = routing.mask
-
+        owner = torch.tensor(owner, dtype=torch.long)
+        with self.bb.member_rows("student", owner, self.n) as routing:
             def on_rows(live: list[int]) -> None:
-                routing.mask = full[torch.tensor(live, dtype=torch.long, device=full.device)]
+                routing.set_rows(owner[torch.tensor(live, dtype=torch.long)])
             yield on_rows
 
     def _rollouts(self) -> list[dict]:
@@ -214,9 +214,11 @@ class Population:
         """One step of every member; returns each member's row."""
         t0 = time.time()
         batches = self._rollouts()
+        t1 = time.time()
         outs = [tr.objective(b, p) for tr, b, p in zip(self.trainers, batches, self._passes(batches))]
         takes = [tr.takes_step(out.loss, m) for tr, (out, m) in zip(self.trainers, outs)]
         losses = [out.loss for (out, _), take in zip(outs, takes) if take and out.loss is not None]
+        t2 = time.time()
         for tr, take in zip(self.trainers, takes):
             if take:
                 tr.zero_grad()
@@ -225,6 +227,9 @@ class Population:
         for tr, take in zip(self.trainers, takes):
             if take:
                 tr.optimiser_step()
+        # where the step's time went (bench/population.py), and how many token positions the passes ran
+        self.last_timing = {"rollouts": t1 - t0, "forward": t2 - t1, "backward": time.time() - t2,
+                            "tokens": sum(b["ids"].numel() for b in batches)}
         return [tr.end_step(m, t0) for tr, (_, m) in zip(self.trainers, outs)]
 
     # ------------------------------------------------------------------ checkpoints
