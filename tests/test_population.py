@@ -145,3 +145,21 @@ def test_members_must_share_the_step_schedule(resources, workspace):
 
     with pytest.raises(BadInput, match="train.steps"):
         Population(resources, ARMS["lopd"], [Member(_hp(workspace), 0), Member(_hp(workspace, steps=3), 1)])
+
+
+def test_a_run_alone_after_a_population_on_the_same_backbone_is_unchanged(resources, workspace):
+    """The member adapters and the routed LoRA layers a population leaves on the backbone change
+    nothing for a plain run afterwards: its losses and adapter equal those of the same run before."""
+    def alone():
+        tr = Trainer(resources, ARMS["lopd"], _hp(workspace, steps=3), seed=SEED)
+        tr.prepare()
+        return [tr.train_step()["loss"] for _ in range(3)], _adapter(tr), tr.validate()
+
+    before = alone()
+    pop = Population(resources, ARMS["lopd"], [Member(_hp(workspace, steps=3), s) for s in (0, SEED)])
+    for tr in pop.trainers:
+        tr.prepare()
+    pop.train_step()
+    assert resources.bb.routing.names is None, "the routing must be off outside a population's passes"
+    after = alone()
+    assert before[0] == after[0] and torch.equal(before[1], after[1]) and before[2] == after[2]
