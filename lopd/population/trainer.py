@@ -76,19 +76,12 @@ class MemberPasses:
         return self._ctx, self._teacher
 
 
-def _pad_right(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    """``t`` (N, W, ...) right-padded along dim 1 to ``width`` with ``value``."""
+def _pad(t: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
+    """``t`` (N, W, ...) padded along dim 1 to ``width`` with ``value`` (on the right, or the left)."""
     if t.shape[1] == width:
         return t
     pad = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
-    return torch.cat([t, pad], dim=1)
-
-
-def _pad_left(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    if t.shape[1] == width:
-        return t
-    pad = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
-    return torch.cat([pad, t], dim=1)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
 class Population:
@@ -161,10 +154,10 @@ class Population:
 
     def _passes(self, batches: list[dict]) -> list[MemberPasses]:
         """The step's forward passes over every member's rows at once, sliced back per member."""
-        bb, arm, trs = self.bb, self.arm, self.trainers
+        bb, arm = self.bb, self.arm
         T = max(b["ids"].shape[1] for b in batches)
-        ids = torch.cat([_pad_right(b["ids"], T, bb.fmt.pad_id) for b in batches])
-        attn = torch.cat([_pad_right(b["attn"], T, 0) for b in batches])
+        ids = torch.cat([_pad(b["ids"], T, bb.fmt.pad_id) for b in batches])
+        attn = torch.cat([_pad(b["attn"], T, 0) for b in batches])
         owner = torch.cat([torch.full((b["ids"].shape[0],), i, dtype=torch.long) for i, b in enumerate(batches)])
         rows, at = [], 0
         for b in batches:
@@ -179,9 +172,9 @@ class Population:
         prefix = mask = shift = None
         if ctxs[0].prefix is not None:
             P = max(c.prefix.shape[1] for c in ctxs)
-            pad = _pad_right if latent else _pad_left  # a latent prefix is a bag at position 0; text is left-padded
-            prefix = torch.cat([pad(c.prefix, P, 0.0) for c in ctxs])
-            mask = torch.cat([pad(c.mask, P, 0) for c in ctxs])
+            left = not latent  # a latent prefix is a bag at position 0; text is left-padded, as alone
+            prefix = torch.cat([_pad(c.prefix, P, 0.0, left) for c in ctxs])
+            mask = torch.cat([_pad(c.mask, P, 0, left) for c in ctxs])
             if not latent:
                 shift = torch.cat([torch.full((c.prefix.shape[0],), P - c.prefix.shape[1], dtype=torch.long)
                                    for c in ctxs])

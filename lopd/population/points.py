@@ -1,0 +1,50 @@
+"""A grid of runs as one population: every point (hyper-parameters) × every seed, on validation.
+
+What the search's trials (:func:`lopd.population.search.train_trials`) and the sensitivity grid need:
+train each (point, seed) at the given horizon, validating every ``val_every`` steps, then validate
+every member on all val tasks, as a run alone ends (:func:`lopd.training.run.run_arm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Score:
+    """A (point, seed) run's final validation: its mean reward and the per-task rewards."""
+
+    val_reward: float
+    val_per_task: list[float]
+
+
+def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int], *, steps: int, val_every: int,
+                 on_report: Callable[[int, int, float], None] | None = None) -> list[list[Score]]:
+    """``scores[p][s]``: point ``p`` trained with ``seeds[s]`` (members point-major, all in one population).
+
+    ``on_report(p, step, value)``: at each intermediate validation, once all of point ``p``'s seeds have
+    validated at ``step``, the mean of their rewards.
+    """
+    from lopd.arms import get_arm
+    from lopd.population.trainer import Member, Population
+    from lopd.training.trainer import HParams
+
+    pending: dict[tuple[int, int], list[float]] = {}
+
+    def on_val(p: int):
+        def report(step: int, value: float) -> None:
+            vals = pending.setdefault((p, step), [])
+            vals.append(value)
+            if len(vals) == len(seeds) and on_report is not None:
+                on_report(p, step, sum(vals) / len(vals))
+        return report
+
+    members = [Member(HParams.from_params(params, **{**point, "steps": steps, "val_every": val_every}), seed,
+                      on_val=on_val(p))
+               for p, point in enumerate(points) for seed in seeds]
+    pop = Population(res, get_arm(arm_name), members)
+    pop.fit()
+    finals = pop.validate(res.val_tasks)
+    return [[Score(finals[p * len(seeds) + s], pop.trainers[p * len(seeds) + s].last_val_per_task)
+             for s in range(len(seeds))] for p in range(len(points))]

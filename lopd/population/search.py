@@ -1,0 +1,116 @@
+"""A search whose trials train in batches, one population per batch: Optuna's ask/tell.
+
+:func:`run_batches` asks ``batch`` trials at a time, hands their points to ``train`` (which trains
+them together, e.g. every trial × seed as one :class:`~lopd.population.trainer.Population`) and
+tells each its outcome, until ``budget`` trials are finished (COMPLETE or PRUNED). The sampler
+should be TPE with ``constant_liar`` (Optuna's default), so that the trials asked earlier in a batch,
+still RUNNING, steer the later ones away from their points.
+
+**Resuming.** A batch killed while it trains leaves its trials RUNNING in the study's storage (a
+journal file). On restart they are told FAIL: they never finished, so they neither count toward the
+budget nor inform the sampler. ``make_sampler(n_finished)`` builds the sampler afresh before each
+batch, seeded by the number of finished trials. So the restarted batch asks the very points the killed
+one asked, and a killed and resumed search finishes with the trials, points and values of an
+uninterrupted one. No finished trial is lost and none is run twice
+(``tests/test_population_search.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Outcome:
+    """What a trained trial reports: its value (None with ``pruned``: Optuna takes the last reported
+    intermediate value), whether the pruner stopped it, and user attributes to keep."""
+
+    value: float | None
+    pruned: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def n_finished(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def fail_interrupted(study) -> int:
+    """Tell FAIL every trial a killed process left RUNNING; how many there were."""
+    from optuna.trial import TrialState
+
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        study.tell(t.number, state=TrialState.FAIL)
+    return len(stale)
+
+
+def run_batches(study, *, budget: int, batch: int, suggest: Callable[[Any], dict],
+                train: Callable[[list, list[dict]], list[Outcome]],
+                make_sampler: Callable[[int], Any] | None = None, on_batch: Callable[[int], None] | None = None):
+    """Run ``study`` until ``budget`` trials are finished, ``batch`` trials trained at a time.
+
+    ``suggest(trial)`` draws a trial's point (its ``trial.suggest_*`` calls); ``train(trials, points)``
+    trains them together and returns one :class:`Outcome` each (it may call ``trial.report`` and
+    ``trial.should_prune`` as it goes). ``make_sampler(n_finished)``: the sampler for the next batch.
+    ``on_batch(n_finished)`` after each batch is told (a progress bar).
+    """
+    from optuna.trial import TrialState
+
+    if batch < 1:
+        raise ValueError(f"a search batch needs at least one trial (got {batch})")
+    fail_interrupted(study)
+    while (done := n_finished(study)) < budget:
+        if make_sampler is not None:
+            study.sampler = make_sampler(done)
+        trials = [study.ask() for _ in range(min(batch, budget - done))]
+        points = [suggest(t) for t in trials]
+        outcomes = train(trials, points)
+        if len(outcomes) != len(trials):
+            raise RuntimeError(f"train returned {len(outcomes)} outcomes for {len(trials)} trials")
+        for trial, out in zip(trials, outcomes):
+            for k, v in out.attrs.items():
+                trial.set_user_attr(k, v)
+            if out.pruned:
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, out.value)
+        if on_batch is not None:
+            on_batch(n_finished(study))
+    return study
+
+
+
+def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *, seeds: list[int], steps: int,
+                 val_every: int) -> list[Outcome]:
+    """Train every trial's point with every seed as one population (validation split only), as
+    :func:`run_batches`' ``train`` (:func:`lopd.population.points.train_points`).
+
+    Each validation reports, per trial, the mean over its seeds to Optuna (``trial.report``) and asks
+    the pruner. A pruned trial's members keep training (they share the batch), but the trial is told
+    PRUNED, with no value or per-task rewards of its own (as a pruned trial alone). Otherwise its value
+    is the mean over its seeds of the final validation on all val tasks and its user attribute
+    ``val_per_task`` the per-task mean over its seeds (what the selection pairs trials by).
+    Not yet run by the hpo stage (which trains its trials one by one, :mod:`lopd.search.study`).
+    """
+    from lopd.population.points import train_points
+
+    pruned = [False] * len(trials)
+
+    def on_report(t: int, step: int, value: float) -> None:
+        if not pruned[t]:
+            trials[t].report(value, step)
+            pruned[t] = trials[t].should_prune()
+
+    scores = train_points(params, res, arm_name, points, seeds, steps=steps, val_every=val_every,
+                          on_report=on_report)
+    out = []
+    for t, per_seed in enumerate(scores):
+        if pruned[t]:
+            out.append(Outcome(None, pruned=True))
+            continue
+        out.append(Outcome(sum(s.val_reward for s in per_seed) / len(per_seed),
+                           attrs={"val_per_task": [sum(x) / len(x) for x in zip(*(s.val_per_task for s in per_seed))]}))
+    return out
