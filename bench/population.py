@@ -2,6 +2,7 @@
 
     python bench/population.py [--arm lopd] [--sizes 1 2 5 10] [--steps 6] [--workdir DIR]
     python bench/population.py --fit 10 [--arm lopd] [--workdir DIR]
+    python bench/population.py --tokens [--workdir DIR]
 
 Each size trains a population of S seeds of ``--arm`` on the default model and batch
 (``train.tasks_per_step`` rollouts per member and step) for ``--steps`` steps after one warm-up
@@ -17,6 +18,9 @@ cheaper per member.
 ``--fit S``: whole runs instead, at the default horizon with validation and checkpoints: S seeds one
 after the other with the serial trainer (as S train stages run them, less the stages' start-up),
 then the same S seeds as one population.
+``--tokens``: the token positions each pass of a LOPD step runs (student, teacher with its latent
+prefix, the composer over the padded retrieved experiences) at the selected point
+(``hpo/best_params.yaml`` when present), means over 8 steps of seed 0.
 Goal (issue 33): at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
 ``--workdir``: a pipeline directory with ``models/base``, ``models/bank``, ``models/cold_start`` (the
 default is this repo's, else a tiny workspace under ``bench/out/ws``).
@@ -61,6 +65,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--fit", type=int, default=0, metavar="S")
+    ap.add_argument("--tokens", action="store_true")
     args = ap.parse_args()
     if args.workdir:
         os.chdir(args.workdir)
@@ -79,11 +84,13 @@ def main() -> None:
     torch.set_num_threads(p.model.torch_threads)
     hp = HParams.from_params(p, steps=10_000, val_every=10_000, checkpoint_every=10_000)
     arm = ARMS[args.arm]
-    print(f"arm {args.arm}: {hp.tasks_per_step} rollouts per member and step, {args.steps} timed steps after one "
-          f"warm-up, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
 
     if args.fit:
         return _fit(p, arm, args.fit)
+    if args.tokens:
+        return _tokens(p)
+    print(f"arm {args.arm}: {hp.tasks_per_step} rollouts per member and step, {args.steps} timed steps after one "
+          f"warm-up, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
     res = load_resources(p, Paths(Path.cwd()), role="train")
     tr = Trainer(res, arm, hp, seed=0)
     tr.prepare()
@@ -134,6 +141,34 @@ def _fit(p, arm, S: int) -> None:
         Population(res, arm, [Member(hp, seed) for seed in range(S)], ckpt_dir=Path(tmp) / "population").fit()
         pop = time.perf_counter() - t0
         print(f"population: {S} members in {pop:.1f} s ({pop / S:.1f} s per member); {serial / pop:.2f}x faster")
+
+
+def _tokens(p, steps: int = 8) -> None:
+    import yaml
+
+    from lopd.arms import ARMS
+    from lopd.model.chat import pad_sequences
+    from lopd.paths import Paths
+    from lopd.stages.common import load_resources
+    from lopd.training.trainer import HParams, Trainer
+
+    best = Path("hpo/best_params.yaml")
+    point = {k: v for k, v in (yaml.safe_load(best.read_text()) if best.exists() else {}).items()
+             if k in ("margin", "K", "n_ret", "lr_student")}
+    hp = HParams.from_params(p, steps=10_000, val_every=10_000, **point)
+    res = load_resources(p, Paths(Path.cwd()), role="train")
+    tr = Trainer(res, ARMS["lopd"], hp, seed=0)
+    tr.prepare()
+    tot = {"student": 0, "teacher": 0, "composer": 0}
+    for _ in range(steps):
+        b = tr._rollout_batch()
+        tot["student"] += b["ids"].numel()
+        tot["teacher"] += b["ids"].numel() + b["ids"].shape[0] * hp.n_ret * hp.K
+        exps = [x for t in b["tasks"] for x in tr.context.experiences_for(t)]
+        tot["composer"] += pad_sequences(exps, res.bb.fmt.pad_id, res.bb.device)[0].numel()
+    share = tot["composer"] / sum(tot.values())
+    print(f"K {hp.K}, n_ret {hp.n_ret}: token positions per step " +
+          ", ".join(f"{k} {v / steps:.0f}" for k, v in tot.items()) + f"; the composer's share {share:.1%}")
 
 
 if __name__ == "__main__":
