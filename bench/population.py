@@ -4,7 +4,8 @@
     python bench/population.py --fit 10 [--arm lopd] [--workdir DIR]
     python bench/population.py --tokens [--workdir DIR]
 
-Each size trains a population of S seeds of ``--arm`` on the default model and batch
+Each size trains a population of S seeds of ``--arm`` (at ``train``'s own m, K, n_ret and learning rate,
+not the search's selected point) on the default model and batch
 (``train.tasks_per_step`` rollouts per member and step) for ``--steps`` steps after one warm-up
 step, and reports the median step wall time, the rollouts per second per member, and the process's
 CPU use over those steps (CPU seconds / wall seconds / cores). The plain serial trainer (one run,
