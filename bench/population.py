@@ -43,6 +43,12 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _time_steps(step, steps: int, parts=None) -> dict:
     step()  # warm-up: first-call allocations, lazy imports
     times, split, cpu0, wall0 = [], [], _cpu(), time.perf_counter()
@@ -96,9 +102,7 @@ def main() -> None:
     tr = Trainer(res, arm, hp, seed=0)
     tr.prepare()
     serial = _time_steps(tr.train_step, args.steps)
-    t0 = time.perf_counter()
-    tr.validate()
-    val_s = time.perf_counter() - t0
+    val_s = _seconds(tr.validate)
     print(f"serial trainer: {serial['step_s']:.3f} s per step, "
           f"{hp.tasks_per_step / serial['step_s']:.1f} rollouts/s, CPU use {serial['cpu_use']:.0%}; "
           f"one validation round {val_s:.2f} s")
@@ -112,9 +116,7 @@ def main() -> None:
             m.prepare()
         r = _time_steps(pop.train_step, args.steps, parts=lambda: pop.last_timing)
         first = first or r["step_s"]
-        t0 = time.perf_counter()
-        pop.validate()
-        val = time.perf_counter() - t0
+        val = _seconds(pop.validate)
         print(f"{S:>3} {r['step_s']:>8.3f} {r['step_s'] / first:>7.2f} {hp.tasks_per_step / r['step_s']:>18.1f} "
               f"{serial['step_s'] * S / r['step_s']:>15.2f}x {r['cpu_use']:>8.0%} {r['rollouts']:>10.3f} "
               f"{r['forward']:>7.3f} {r['backward']:>7.3f} {r['tokens'] / (r['forward'] + r['backward']):>14.0f} {val:>12.2f}")
