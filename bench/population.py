@@ -3,6 +3,7 @@
     python bench/population.py [--arm lopd] [--sizes 1 2 5 10] [--steps 6] [--workdir DIR]
     python bench/population.py --fit 10 [--arm lopd] [--workdir DIR]
     python bench/population.py --tokens [--workdir DIR]
+    python bench/population.py --search B [--workdir DIR]
 
 Each size trains a population of S seeds of ``--arm`` (at ``train``'s own m, K, n_ret and learning rate,
 not the search's selected point) on the default model and batch
@@ -19,6 +20,11 @@ cheaper per member.
 ``--fit S``: whole runs instead, at the default horizon with validation and checkpoints: S seeds one
 after the other with the serial trainer (as S train stages run them, less the stages' start-up),
 then the same S seeds as one population.
+``--search B``: one search batch: B points drawn at random from the search space (``hpo``'s choices,
+a fixed stream), each × ``hpo.seeds_per_trial`` seeds at the search's horizon, trained one run after
+another (the serial trainer, then a validation on all val tasks, as a trial's run ends) and as one
+population (:func:`lopd.population.points.train_points`). Members of other K and n_ret pad their
+contexts to the widest, so this is the case the step bench (one point) does not cover.
 ``--tokens``: the token positions each pass of a LOPD step runs (student, teacher with its latent
 prefix, the composer over the padded retrieved experiences) at the selected point
 (``hpo/best_params.yaml`` when present), means over 8 steps of seed 0.
@@ -73,6 +79,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--fit", type=int, default=0, metavar="S")
     ap.add_argument("--tokens", action="store_true")
+    ap.add_argument("--search", type=int, default=0, metavar="B")
     args = ap.parse_args()
     if args.workdir:
         os.chdir(args.workdir)
@@ -96,6 +103,8 @@ def main() -> None:
         return _fit(p, arm, args.fit)
     if args.tokens:
         return _tokens(p)
+    if args.search:
+        return _search(p, args.search)
     print(f"arm {args.arm}: {hp.tasks_per_step} rollouts per member and step, {args.steps} timed steps after one "
           f"warm-up, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
     res = load_resources(p, Paths(Path.cwd()), role="train")
@@ -144,6 +153,43 @@ def _fit(p, arm, S: int) -> None:
         Population(res, arm, [Member(hp, seed) for seed in range(S)], ckpt_dir=Path(tmp) / "population").fit()
         pop = time.perf_counter() - t0
         print(f"population: {S} members in {pop:.1f} s ({pop / S:.1f} s per member); {serial / pop:.2f}x faster")
+
+
+def _search(p, B: int) -> None:
+    import random
+
+    from lopd.arms import ARMS
+    from lopd.paths import Paths
+    from lopd.population.points import train_points
+    from lopd.search.study import horizon, space
+    from lopd.stages.common import load_resources
+    from lopd.training.trainer import HParams, Trainer
+
+    rng, sp = random.Random(0), space(p)
+    points = [{k: rng.choice(v) for k, v in sp.items()} for _ in range(B)]
+    seeds = [1000 + s for s in range(p.hpo.seeds_per_trial)]
+    steps, val_every = horizon(p), p.hpo.val_every
+    print(f"search batch: {B} points x {len(seeds)} seeds, {steps} steps, validation every {val_every}")
+    for pt in points:
+        print("  " + ", ".join(f"{k} {v}" for k, v in pt.items()))
+    res = load_resources(p, Paths(Path.cwd()), role="hpo")
+    t0 = time.perf_counter()
+    serial = []
+    for pt in points:
+        for seed in seeds:
+            tr = Trainer(res, ARMS["lopd"], HParams.from_params(p, **pt, steps=steps, val_every=val_every), seed)
+            tr.fit()
+            serial.append(tr.validate(res.val_tasks))
+    t_serial = time.perf_counter() - t0
+    res = load_resources(p, Paths(Path.cwd()), role="hpo")
+    t0 = time.perf_counter()
+    scores = train_points(p, res, "lopd", points, seeds, steps=steps, val_every=val_every)
+    t_pop = time.perf_counter() - t0
+    pop = [s.val_reward for per_point in scores for s in per_point]
+    n = len(serial)
+    print(f"serial: {n} runs in {t_serial:.1f} s ({t_serial / n:.1f} s per run)")
+    print(f"population: {n} members in {t_pop:.1f} s ({t_pop / n:.1f} s per member); {t_serial / t_pop:.2f}x faster")
+    print("final val reward, serial vs population: " + ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(serial, pop)))
 
 
 def _tokens(p, steps: int = 8) -> None:

@@ -96,11 +96,12 @@ def test_train_must_answer_every_trial(tmp_path):
                     train=lambda trials, points: _train(trials, points)[:2])
 
 
-def test_a_batch_of_trials_scores_each_trial_as_it_scores_alone(resources, workspace, monkeypatch):
+def test_a_batch_of_trials_scores_each_trial_as_it_scores_alone(resources, workspace, tmp_path):
     """Two trials × two seeds trained as one population: each trial's value and per-task rewards equal
-    those of the search's own trial runs (:func:`lopd.search.study._val_run`, each seed alone)."""
+    those of the same runs alone (:func:`lopd.training.run.run_arm`, one seed at a time, the path the
+    search took before it trained in batches)."""
     from lopd.population.search import train_trials
-    from lopd.search.study import _val_run
+    from lopd.training.run import run_arm
 
     params = workspace.params()
     points = [{"margin": 0.05, "K": 4, "n_ret": 2, "lr_student": 0.005},
@@ -109,8 +110,8 @@ def test_a_batch_of_trials_scores_each_trial_as_it_scores_alone(resources, works
     trials = [study.ask() for _ in points]
     got = train_trials(params, resources, "lopd", trials, points, seeds=[1000, 1001], steps=3, val_every=2)
     for point, out in zip(points, got):
-        alone = [_val_run(params, resources, "lopd", seed, {**point, "steps": 3, "val_every": 2}, {}, None)
-                 for seed in (1000, 1001)]
+        alone = [run_arm(params, resources, "lopd", seed, tmp_path / f"{point['K']}-{seed}", ckpt_dir=None,
+                         hp_over={**point, "steps": 3, "val_every": 2})[0] for seed in (1000, 1001)]
         assert out.value == pytest.approx(sum(r["val_reward"] for r in alone) / 2, abs=1e-9)
         per_task = [sum(x) / 2 for x in zip(*(r["val_per_task"] for r in alone))]
         assert out.attrs["val_per_task"] == pytest.approx(per_task, abs=1e-9)

@@ -297,7 +297,9 @@ def test_corrupt_checkpoint_on_resume_is_bad_input(workspace, resources, stage_d
 # ------------------------------------------------------------------ the search
 
 
-HPO = {"steps": 1, "val_every": 1, "n_trials": 3}
+# batches of 2: the killed search dies inside its second batch; two workers' first batches cannot
+# together pass the budget by more than the test allows
+HPO = {"steps": 1, "val_every": 1, "n_trials": 4, "trials_per_batch": 2}
 HPO_TRAIN = {"tasks_per_step": 4, "use_best_params": False}
 
 
@@ -374,7 +376,7 @@ def test_killed_search_resumes_and_keeps_finished_trials(workspace, tmp_path):
     assert rc == 0, log[-3000:]
     study = _study(copy, journal)
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(finished) == 3, [(t.number, t.state.name) for t in study.get_trials(deepcopy=False)]
+    assert len(finished) == 4, [(t.number, t.state.name) for t in study.get_trials(deepcopy=False)]
     kept = next(t for t in study.get_trials(deepcopy=False) if t.number == first.number)
     assert kept.state == TrialState.COMPLETE and kept.params == first.params and kept.value == first.value
     assert not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

@@ -29,6 +29,8 @@ class HpoParams(Section):
                     "whose (1 − tie_alpha) t-interval holds 0), take the best, the median margin or the smallest")
     tie_alpha: float = Field(gt=0.0, lt=1.0, description="significance level of that tie test")
     seeds_per_trial: int = Field(ge=1, description="training seeds averaged per trial")
+    trials_per_batch: int = Field(ge=1, description="trials asked at a time (TPE with constant_liar) and trained "
+                                                    "together, each × seeds_per_trial, as one population")
     steps: int | None = Field(ge=1, description="training steps per trial; null = train.steps (the final "
                                                 "runs' horizon)")
     val_every: int = Field(ge=1, description="steps between intermediate val rewards (they feed the median pruner)")

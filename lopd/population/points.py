@@ -20,14 +20,21 @@ class Score:
 
 
 def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int], *, steps: int, val_every: int,
-                 on_report: Callable[[int, int, float], None] | None = None) -> list[list[Score]]:
+                 on_report: Callable[[int, int, float], None] | None = None,
+                 naming: Callable[[int, int], tuple[dict, str]] | None = None, parent_run_id: str | None = None,
+                 label: str = "population") -> list[list[Score]]:
     """``scores[p][s]``: point ``p`` trained with ``seeds[s]`` (members point-major, all in one population).
 
     ``on_report(p, step, value)``: at each intermediate validation, once all of point ``p``'s seeds have
-    validated at ``step``, the mean of their rewards.
+    validated at ``step``, the mean of their rewards. ``naming(p, seed)``: the MLflow tags and run
+    name of that member's run (a child of ``parent_run_id``); its ``history.csv`` and ``result.json``
+    are logged there, its outputs otherwise go to a scratch directory that is removed.
     """
-    from lopd.arms import get_arm
-    from lopd.population.trainer import Member, Population
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from lopd.population.runs import Job, run_jobs
     from lopd.training.trainer import HParams
 
     pending: dict[tuple[int, int], list[float]] = {}
@@ -40,11 +47,16 @@ def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int
                 on_report(p, step, sum(vals) / len(vals))
         return report
 
-    members = [Member(HParams.from_params(params, **{**point, "steps": steps, "val_every": val_every}), seed,
-                      on_val=on_val(p))
-               for p, point in enumerate(points) for seed in seeds]
-    pop = Population(res, get_arm(arm_name), members)
-    pop.fit()
-    finals = pop.validate(res.val_tasks)
-    return [[Score(finals[p * len(seeds) + s], pop.trainers[p * len(seeds) + s].last_val_per_task)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{arm_name}-points-"))
+    try:
+        jobs = []
+        for p, point in enumerate(points):
+            for seed in seeds:
+                tags, name = naming(p, seed) if naming is not None else ({}, None)
+                jobs.append(Job(seed, HParams.from_params(params, **{**point, "steps": steps, "val_every": val_every}),
+                                scratch / f"{p}-{seed}", tags=tags, run_name=name, on_val=on_val(p)))
+        done = run_jobs(params, res, arm_name, jobs, parent_run_id=parent_run_id, label=label)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return [[Score(done[p * len(seeds) + s][0]["val_reward"], done[p * len(seeds) + s][0]["val_per_task"])
              for s in range(len(seeds))] for p in range(len(points))]

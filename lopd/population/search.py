@@ -37,6 +37,12 @@ def n_finished(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+def n_running(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
 def fail_interrupted(study) -> int:
     """Tell FAIL every trial a killed process left RUNNING; how many there were."""
     from optuna.trial import TrialState
@@ -49,23 +55,31 @@ def fail_interrupted(study) -> int:
 
 def run_batches(study, *, budget: int, batch: int, suggest: Callable[[Any], dict],
                 train: Callable[[list, list[dict]], list[Outcome]],
-                make_sampler: Callable[[int], Any] | None = None, on_batch: Callable[[int], None] | None = None):
+                make_sampler: Callable[[int], Any] | None = None, on_batch: Callable[[Any], None] | None = None,
+                fail_stale: bool = True):
     """Run ``study`` until ``budget`` trials are finished, ``batch`` trials trained at a time.
 
     ``suggest(trial)`` draws a trial's point (its ``trial.suggest_*`` calls); ``train(trials, points)``
     trains them together and returns one :class:`Outcome` each (it may call ``trial.report`` and
     ``trial.should_prune`` as it goes). ``make_sampler(n_finished)``: the sampler for the next batch.
-    ``on_batch(n_finished)`` after each batch is told (a progress bar).
+    ``on_batch(study)`` after each batch is told (a progress bar). ``fail_stale``: first tell FAIL the
+    trials a killed process left RUNNING (not in a worker that joins a running study: those are the
+    other processes' trials).
     """
     from optuna.trial import TrialState
 
     if batch < 1:
         raise ValueError(f"a search batch needs at least one trial (got {batch})")
-    fail_interrupted(study)
+    if fail_stale:
+        fail_interrupted(study)
     while (done := n_finished(study)) < budget:
+        # trials other processes are training count against the budget too (a worker's study)
+        left = budget - done - n_running(study)
+        if left <= 0:
+            break  # the rest of the budget is being trained elsewhere
         if make_sampler is not None:
             study.sampler = make_sampler(done)
-        trials = [study.ask() for _ in range(min(batch, budget - done))]
+        trials = [study.ask() for _ in range(min(batch, left))]
         points = [suggest(t) for t in trials]
         outcomes = train(trials, points)
         if len(outcomes) != len(trials):
@@ -78,13 +92,12 @@ def run_batches(study, *, budget: int, batch: int, suggest: Callable[[Any], dict
             else:
                 study.tell(trial, out.value)
         if on_batch is not None:
-            on_batch(n_finished(study))
+            on_batch(study)
     return study
 
 
-
 def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *, seeds: list[int], steps: int,
-                 val_every: int) -> list[Outcome]:
+                 val_every: int, naming=None, parent_run_id: str | None = None) -> list[Outcome]:
     """Train every trial's point with every seed as one population (validation split only), as
     :func:`run_batches`' ``train`` (:func:`lopd.population.points.train_points`).
 
@@ -93,7 +106,7 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
     PRUNED, with no value or per-task rewards of its own (as a pruned trial alone). Otherwise its value
     is the mean over its seeds of the final validation on all val tasks and its user attribute
     ``val_per_task`` the per-task mean over its seeds (what the selection pairs trials by).
-    Not yet run by the hpo stage (which trains its trials one by one, :mod:`lopd.search.study`).
+    ``naming`` and ``parent_run_id``: the members' MLflow runs (:func:`~lopd.population.points.train_points`).
     """
     from lopd.population.points import train_points
 
@@ -105,7 +118,8 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
             pruned[t] = trials[t].should_prune()
 
     scores = train_points(params, res, arm_name, points, seeds, steps=steps, val_every=val_every,
-                          on_report=on_report)
+                          on_report=on_report, naming=naming, parent_run_id=parent_run_id,
+                          label=f"trials {trials[0].number}-{trials[-1].number}")
     out = []
     for t, per_seed in enumerate(scores):
         if pruned[t]:

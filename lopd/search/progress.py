@@ -21,7 +21,8 @@ def search_status(study) -> tuple[int, str]:
 
 @contextmanager
 def search_progress(target: int, label: str = "search"):
-    """A progress bar of ``target`` trials; yields the Optuna callback that moves it after each trial."""
+    """A progress bar of ``target`` trials; yields the callback ``(study, trial)`` that moves it (the
+    search calls it after each batch of trials, with ``trial=None``)."""
     from lopd.utils import progress
 
     with progress() as prog:

@@ -4,13 +4,16 @@ retrieved experiences ``n_ret``.
 Objective: the LOPD student's mean reward on the **validation** split at the final runs' horizon
 (``hpo.steps``, null = ``train.steps``), averaged over ``hpo.seeds_per_trial`` seeds, every val task
 sampled ``train.val_samples_per_task`` times with the same sampling seeds in every trial (common
-random numbers). Each trial keeps its per-task rewards (user attribute ``val_per_task``), so the
+random numbers). Trials are asked ``hpo.trials_per_batch`` at a time (TPE with ``constant_liar``) and a
+batch's trials × seeds train as one population (:mod:`lopd.population`). Each trial keeps its per-task rewards (user attribute ``val_per_task``), so the
 selection (:mod:`lopd.search.selection`) compares trials paired by task and applies the tie rule
-registered in ``hpo.tie_rule``. Intermediate validation rewards feed Optuna's median pruner.
+registered in ``hpo.tie_rule``. Intermediate validation rewards (a trial's mean over its seeds) feed
+Optuna's median pruner; a pruned trial's members finish with their batch, but it keeps no value.
 
 The learning baselines (``hpo.baseline_arms``) are tuned like the method: each gets its student
 learning rate from ``hpo.lr_choices`` (the grid LOPD's is searched over) on the validation split,
-with the selected K and n_ret where the arm reads them (:func:`tune_baselines`).
+with the selected K and n_ret where the arm reads them, each arm's rates × seeds as one population
+(:func:`tune_baselines`).
 
 Storage: an Optuna Journal file (``hpo/journal.log``, beside the stage's outputs but not one of
 them: it holds timestamps and worker ids, and every DVC output must be a deterministic function of
@@ -24,8 +27,6 @@ The split guard applies: this stage's reader has role ``hpo`` and cannot open ``
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -93,122 +94,89 @@ def _space_hash(params) -> str:
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
 
-def _fail_stale_trials(study) -> int:
-    """Trials left RUNNING by a killed process can never finish: mark them FAIL (public ``tell``)."""
-    from optuna.trial import TrialState
-
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for t in stale:
-        study.tell(t.number, state=TrialState.FAIL)
-    return len(stale)
-
-
 def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
-               worker: bool = False, parent_tracker=None, trial_fn=None, callbacks=()) -> "optuna.Study":  # noqa: F821
-    """The search's study, run until ``n_trials`` (default ``hpo.n_trials``) trials are finished;
-    ``callbacks`` go to ``study.optimize`` (the stage's progress bar)."""
-    import optuna
-    from optuna.trial import TrialState
+               worker: bool = False, parent_tracker=None, on_batch=None) -> "optuna.Study":  # noqa: F821
+    """The search's study, run until ``n_trials`` (default ``hpo.n_trials``) trials are finished,
+    ``hpo.trials_per_batch`` trials at a time, each batch's trials × ``hpo.seeds_per_trial`` seeds
+    trained as one population (:func:`lopd.population.search.run_batches`, ``train_trials``).
+    ``on_batch(study)`` after each batch is told (the stage's progress bar).
 
-    hp = params.hpo
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=hp.seed, n_startup_trials=min(8, hp.n_trials))
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
-    study = optuna.create_study(study_name=study_name(params, dep_files), storage=make_storage(storage), sampler=sampler,
-                                pruner=pruner, direction="maximize", load_if_exists=True)
-    if not worker:
-        stale = _fail_stale_trials(study)
-        if stale:
-            print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
-    budget = n_trials if n_trials is not None else hp.n_trials
-    finished = (TrialState.COMPLETE, TrialState.PRUNED)
-    objective = trial_fn or (lambda trial: _objective(trial, params, res, parent_tracker))
-
-    def n_finished() -> int:
-        return len(study.get_trials(deepcopy=False, states=finished))
-
-    def reseed(study, _trial=None) -> None:
-        # the sampler's random stream depends on how many trials are finished, not on how often the
-        # search was restarted: a search killed and resumed proposes what an uninterrupted one would
-        study.sampler = optuna.samplers.TPESampler(seed=hp.seed + n_finished(), n_startup_trials=min(8, hp.n_trials))
-
-    # one budget for the study, whoever runs its trials: every process (the stage, each --worker) stops
-    # once `budget` trials are finished (a worker that started a trial before then finishes it)
-    stop_at_budget = optuna.study.MaxTrialsCallback(budget, states=finished)
-    if n_finished() >= budget:
-        return study  # optimize() would start a trial before its callback could stop it
-    if worker:  # a worker keeps the stage's sampler: its trials' order depends on the other processes anyway
-        study.optimize(objective, catch=(), callbacks=[stop_at_budget, *callbacks])
-        return study
-    reseed(study)
-    study.optimize(objective, catch=(), callbacks=[reseed, stop_at_budget, *callbacks])
-    return study
-
-
-def _objective(trial, params, res, parent_tracker) -> float:
+    The stage's process reseeds the TPE sampler before each batch from the number of finished
+    trials, and tells FAIL the trials a killed process left RUNNING: a killed and resumed search
+    proposes what an uninterrupted one would. A ``worker`` joins a running study: it fails no
+    trial (the others' trials are running) and keeps one sampler (its trials' order depends on the
+    other processes anyway). Every process stops once the budget is reached; a batch asked before
+    then is cut to what the budget has left when it is asked."""
     import optuna
 
+    from lopd.population.search import fail_interrupted, run_batches, train_trials
     from lopd.tracking.names import trial_run
 
     hp = params.hpo
-    point = {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
-             "K": trial.suggest_categorical("K", list(hp.k_choices)),
-             "n_ret": trial.suggest_int("n_ret", hp.n_ret_min, hp.n_ret_max),
-             "lr_student": trial.suggest_categorical("lr_student", list(hp.lr_choices))}
-    steps = horizon(params)
-    vals, per_task = [], []
-    for s in range(hp.seeds_per_trial):
-        def on_val(step, v, _off=s * steps):
-            trial.report(v, _off + step)
-            if trial.should_prune():
-                raise optuna.TrialPruned()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-        r = _val_run(params, res, "lopd", 1000 + s, {**point, "steps": steps, "val_every": hp.val_every},
-                     {"stage": "hpo", "trial": trial.number, "split": "val"}, parent_tracker, on_val,
-                     run_name=trial_run(trial.number, point, 1000 + s if hp.seeds_per_trial > 1 else None))
-        vals.append(r["val_reward"])
-        per_task.append(r["val_per_task"])
-    trial.set_user_attr("val_per_task", [sum(x) / len(x) for x in zip(*per_task)])
-    return sum(vals) / len(vals)
+    def make_sampler(n_finished: int):
+        return optuna.samplers.TPESampler(seed=hp.seed + n_finished, n_startup_trials=min(8, hp.n_trials))
 
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
+    study = optuna.create_study(study_name=study_name(params, dep_files), storage=make_storage(storage),
+                                sampler=make_sampler(0), pruner=pruner, direction="maximize", load_if_exists=True)
+    if not worker:
+        stale = fail_interrupted(study)
+        if stale:
+            print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
+    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
 
-def _val_run(params, res, arm: str, seed: int, hp_over: dict, tags: dict, parent_tracker, on_val=None,
-             run_name: str | None = None) -> dict:
-    """One validation-only training run in a scratch directory; its result (val reward, per-task rewards)."""
-    from lopd.training.run import run_arm
+    def suggest(trial) -> dict:
+        return {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
+                "K": trial.suggest_categorical("K", list(hp.k_choices)),
+                "n_ret": trial.suggest_int("n_ret", hp.n_ret_min, hp.n_ret_max),
+                "lr_student": trial.suggest_categorical("lr_student", list(hp.lr_choices))}
 
-    tmp = Path(tempfile.mkdtemp(prefix=f"{arm}-val-"))
-    try:
-        r, _ = run_arm(params, res, arm, seed, tmp, ckpt_dir=None, tags=tags, hp_over=hp_over, on_val=on_val,
-                       parent_run_id=parent_tracker.run_id if parent_tracker else None, run_name=run_name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return r
+    def train(trials, points):
+        def naming(t: int, seed: int) -> tuple[dict, str]:
+            return ({"stage": "hpo", "trial": trials[t].number, "split": "val"},
+                    trial_run(trials[t].number, points[t], seed if len(seeds) > 1 else None))
+
+        return train_trials(params, res, "lopd", trials, points, seeds=seeds, steps=horizon(params),
+                            val_every=hp.val_every, naming=naming,
+                            parent_run_id=parent_tracker.run_id if parent_tracker else None)
+
+    run_batches(study, budget=n_trials if n_trials is not None else hp.n_trials, batch=hp.trials_per_batch,
+                suggest=suggest, train=train, make_sampler=None if worker else make_sampler,
+                on_batch=on_batch, fail_stale=False)
+    return study
 
 
 def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -> dict:
     """Each arm of ``hpo.baseline_arms`` trained at every learning rate of ``hpo.lr_choices`` (same horizon
     and seeds as a search trial, validation only; K and n_ret of the selected point where the arm reads
-    them). Selected: the highest mean val reward, the smaller rate among equal ones. Writes
-    ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> lr_student, value, values by rate)."""
+    them): per arm, its rates × seeds as one population. Selected: the highest mean val reward, the
+    smaller rate among equal ones. Writes ``baselines.csv`` (every run) and ``baselines.yaml``
+    (arm -> lr_student, value, values by rate)."""
     from lopd.arms import get_arm
+    from lopd.population.points import train_points
     from lopd.tracking.names import baseline_run
 
     hp, steps = params.hpo, horizon(params)
+    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
+    lrs = list(hp.lr_choices)
     rows, chosen = [], {}
     for arm in hp.baseline_arms:
         fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
+
+        def naming(p: int, seed: int, arm=arm) -> tuple[dict, str]:
+            return {"stage": "hpo-baselines", "split": "val", "lr_student": lrs[p]}, baseline_run(arm, lrs[p], seed)
+
+        scores = train_points(params, res, arm, [{**fixed, "lr_student": lr} for lr in lrs], seeds, steps=steps,
+                              val_every=hp.val_every, naming=naming,
+                              parent_run_id=parent_tracker.run_id if parent_tracker else None,
+                              label=f"baseline {arm}")
         means = {}
-        for lr in hp.lr_choices:
-            vals = []
-            for s in range(hp.seeds_per_trial):
-                r = _val_run(params, res, arm, 1000 + s, {**fixed, "lr_student": lr, "steps": steps,
-                                                           "val_every": hp.val_every},
-                             {"stage": "hpo-baselines", "split": "val", "lr_student": lr}, parent_tracker,
-                             run_name=baseline_run(arm, lr, 1000 + s))
-                vals.append(r["val_reward"])
-                rows.append({"arm": arm, "lr_student": lr, "seed": 1000 + s, "val_reward": r["val_reward"]})
-            means[lr] = sum(vals) / len(vals)
+        for lr, per_seed in zip(lrs, scores):
+            for seed, sc in zip(seeds, per_seed):
+                rows.append({"arm": arm, "lr_student": lr, "seed": seed, "val_reward": sc.val_reward})
+            means[lr] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
         best = max(sorted(means), key=lambda lr: means[lr])  # sorted: the smaller rate wins an exact tie
         chosen[arm] = {"lr_student": float(best), "value": float(means[best]), "selected_on": "val",
                        "values": {str(lr): float(v) for lr, v in sorted(means.items())}}
@@ -219,7 +187,7 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -
 
 def finished_trials(study) -> list:
     """COMPLETE and PRUNED trials in the order they were created. A FAIL trial is one a killed
-    search left RUNNING (:func:`_fail_stale_trials`; a trial that raises stops the stage): it is
+    search left RUNNING (:func:`lopd.population.search.fail_interrupted`; a trial that raises stops the stage): it is
     not part of the search's result, so outputs number trials by position in this list and a
     resumed search writes what an uninterrupted one would."""
     from optuna.trial import TrialState

@@ -27,7 +27,7 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
     try:
         with search_progress(n_trials if n_trials is not None else params.hpo.n_trials) as on_trial:
             study = run_search(params, res, storage=storage, dep_files=dep_files(paths), n_trials=n_trials,
-                               worker=worker, parent_tracker=tracker, callbacks=[on_trial])
+                               worker=worker, parent_tracker=tracker, on_batch=lambda st: on_trial(st, None))
     except BaseException:
         tracker.end("FAILED")
         raise

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 from lopd.config import Params
 from lopd.paths import Paths
 from lopd.stages.common import load_resources, splits_read
@@ -47,26 +43,21 @@ def run(params: Params, paths: Paths) -> dict:
 
 
 def _run_grid(params: Params, res, sel: dict, parent_run_id: str | None) -> list[dict]:
-    """Every grid point and seed trained on train, scored on val (a progress bar over the runs)."""
+    """Every grid point × seed trained on train and scored on val, as one population."""
+    from lopd.population.points import train_points
     from lopd.tracking.names import sensitivity_run
-    from lopd.training.run import run_arm
-    from lopd.utils import progress
 
     sp = params.sensitivity
-    jobs = [(axis, point, seed) for axis, point in grid_points(sel, sp) for seed in sp.seeds]
-    rows = []
-    with progress() as prog:
-        bar = prog.add_task("sensitivity grid", total=len(jobs), info="")
-        for axis, point, seed in jobs:
-            tmp = Path(tempfile.mkdtemp(prefix="sens-"))
-            try:
-                r, _ = run_arm(params, res, "lopd", 2000 + seed, tmp, ckpt_dir=None,
-                               tags={"stage": "sensitivity", "axis": axis, "split": "val"},
-                               hp_over={**point, "steps": sp.steps or params.train.steps,
-                                        "val_every": sp.steps or params.train.steps},
-                               parent_run_id=parent_run_id, run_name=sensitivity_run(axis, point[axis], seed))
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            rows.append({"axis": axis, **point, "seed": seed, "val_reward": r["val_reward"]})
-            prog.update(bar, advance=1, info=f"{axis}={point[axis]} seed {seed}: val {r['val_reward']:.3f}")
-    return rows
+    grid = grid_points(sel, sp)
+    steps = sp.steps or params.train.steps
+
+    def naming(p: int, seed: int) -> tuple[dict, str]:
+        axis, point = grid[p]
+        return {"stage": "sensitivity", "axis": axis, "split": "val"}, sensitivity_run(axis, point[axis], seed)
+
+    # the grid's training seeds: 2000 + s (the search's are 1000 + s, the final runs' s)
+    scores = train_points(params, res, "lopd", [point for _, point in grid], [2000 + s for s in sp.seeds],
+                          steps=steps, val_every=steps, naming=naming, parent_run_id=parent_run_id,
+                          label="sensitivity grid")
+    return [{"axis": axis, **point, "seed": seed, "val_reward": sc.val_reward}
+            for (axis, point), per_seed in zip(grid, scores) for seed, sc in zip(sp.seeds, per_seed)]

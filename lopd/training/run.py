@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lopd.config import Params
 from lopd.errors import BadInput
@@ -38,8 +40,23 @@ def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
     return out
 
 
-def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, parent_run_id, is_main, run_name):
-    """The MLflow run of this job; a run left RUNNING by a killed attempt is marked KILLED and linked."""
+@dataclass
+class OpenJob:
+    """A training job's MLflow side while it runs: its tracker, the file beside the checkpoint that
+    holds the run id (None without a checkpoint), the run a killed attempt left (marked KILLED), the
+    params hash it is tagged with, and when it started."""
+
+    tracker: Any
+    rid: Path | None
+    stale: str | None
+    params_hash: str
+    t0: float
+
+
+def open_job(params: Params, arm, seed: int, hp, ckpt_dir: Path | None, tags: dict | None,
+             parent_run_id: str | None, is_main: bool, run_name: str | None) -> OpenJob:
+    """Start the MLflow run of one job (a run alone or a population member) and log its
+    hyper-parameters; a run left RUNNING by a killed attempt is marked KILLED and linked."""
     from lopd.tracking import Tracker, mark_stale_run
     from lopd.tracking.names import final_run
 
@@ -51,16 +68,48 @@ def _tracker(params: Params, arm, arm_name: str, seed: int, ckpt_dir, tags, pare
         if rid.exists() and is_main:
             stale = rid.read_text().strip()
             mark_stale_run(params.tracking, stale)
-    all_tags = {"stage": "train", "arm": arm_name, "seed": seed, "bank_mode": arm.bank_mode, "split": "train+val",
+    all_tags = {"stage": "train", "arm": arm.name, "seed": seed, "bank_mode": arm.bank_mode, "split": "train+val",
                 "params_hash": params.section_hash("model", "envs", "base", "bank", "cold_start", "train"),
                 **(tags or {})}
     if stale:
         all_tags["resumed_from_run"] = stale
-    tracker = Tracker(params, run_name or final_run(arm_name, seed), all_tags, parent_run_id=parent_run_id,
+    tracker = Tracker(params, run_name or final_run(arm.name, seed), all_tags, parent_run_id=parent_run_id,
                       enabled=is_main)
     if rid is not None and tracker.run_id and is_main:
         atomic_write_text(rid, tracker.run_id)
-    return tracker, rid, stale, all_tags["params_hash"]
+    tracker.log_params({"arm": arm.name, "seed": seed, **hp.__dict__})
+    return OpenJob(tracker, rid, stale, all_tags["params_hash"], time.time())
+
+
+def close_job(job: OpenJob, res, arm, trainer, info: dict, out_dir: Path, *, final: float | None,
+              final_val: bool, is_main: bool = True, ckpt_dir: Path | None = None) -> tuple[dict, dict]:
+    """A trained job's ``(result, meta)``: writes its outputs to ``out_dir`` (``res``: the resources
+    its trainer ran on, whose backbone maps its ``student`` role to its adapter), logs them and its
+    final metrics to its MLflow run, ends that run and removes the checkpoint it no longer needs."""
+    from lopd import data as data_mod
+
+    tracker = job.tracker
+    result = {"arm": arm.name, "seed": trainer.seed, "hparams": trainer.hp.__dict__, "arm_switches": arm.to_dict(),
+              "val_reward": final, "final_train_reward": next((r["reward"] for r in reversed(trainer.history)
+                                                               if r.get("reward") is not None), None),
+              "steps": trainer.step, "rollouts_used": trainer.rollouts_used, "beta_final": trainer.beta,
+              "infeasible_margin": trainer.infeasible, "params_hash": job.params_hash,
+              "val_per_task": trainer.last_val_per_task if final_val else []}
+    meta = {"mlflow_run_id": tracker.run_id, "tracking": "ok" if tracker.ok else f"failed: {tracker.error}",
+            "seconds": round(time.time() - job.t0, 1), "resumed_from_step": info["resumed_from_step"],
+            "resumed_from_run": job.stale}
+    if is_main:
+        _write_outputs(out_dir, res, trainer, result, list(data_mod.ACCESS_LOG))
+        for name in ("history.csv", "result.json"):  # the run's own files, browsable beside its charts
+            tracker.log_artifact(out_dir / name)
+    tracker.log_metrics({"final/val_reward": final, "final/beta": trainer.beta}, trainer.step)
+    tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
+    tracker.end()
+    if ckpt_dir is not None and is_main:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
+        if job.rid is not None:
+            job.rid.unlink(missing_ok=True)
+    return result, meta
 
 
 def _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world):
@@ -108,39 +157,24 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     """Train ``arm_name`` with ``seed``; returns ``(result, meta)``. ``best_params_file=None`` uses no
     search selection (the search itself and the sensitivity grid pass their points in ``hp_over``).
     ``run_name`` names its MLflow run (default ``<arm> · seed <seed>``)."""
-    from lopd import data as data_mod
     from lopd.arms import get_arm
-    from lopd.training.trainer import HParams
     from lopd.kernels import seed_everything
 
     arm = get_arm(arm_name)
-    selected = selected_hparams(params, best_params_file, arm) if best_params_file is not None else {}
-    hp = HParams.from_params(params, **{**selected, **(hp_over or {})})
+    hp = job_hparams(params, arm, best_params_file, hp_over)
     seed_everything(seed, params.model.torch_threads)
     is_main = world is None or world.is_main
-    tracker, rid, stale, params_hash = _tracker(params, arm, arm_name, seed, ckpt_dir, tags, parent_run_id, is_main,
-                                                run_name)
-    tracker.log_params({"arm": arm_name, "seed": seed, **hp.__dict__})
-    t0 = time.time()
-    trainer, info = _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world)
+    job = open_job(params, arm, seed, hp, ckpt_dir, tags, parent_run_id, is_main, run_name)
+    trainer, info = _fit(res, arm, arm_name, hp, seed, job.tracker, ckpt_dir, on_val, world)
     final = trainer.validate(res.val_tasks) if final_val else trainer.last_val
-    result = {"arm": arm_name, "seed": seed, "hparams": hp.__dict__, "arm_switches": arm.to_dict(),
-              "val_reward": final, "final_train_reward": next((r["reward"] for r in reversed(trainer.history)
-                                                               if r.get("reward") is not None), None),
-              "steps": trainer.step, "rollouts_used": trainer.rollouts_used, "beta_final": trainer.beta,
-              "infeasible_margin": trainer.infeasible, "params_hash": params_hash,
-              "val_per_task": trainer.last_val_per_task if final_val else []}
-    meta = {"mlflow_run_id": tracker.run_id, "tracking": "ok" if tracker.ok else f"failed: {tracker.error}",
-            "seconds": round(time.time() - t0, 1), "resumed_from_step": info["resumed_from_step"],
-            "resumed_from_run": stale}
-    if is_main:
-        _write_outputs(out_dir, res, trainer, result, list(data_mod.ACCESS_LOG))
-        for name in ("history.csv", "result.json"):  # the run's own files, browsable beside its charts
-            tracker.log_artifact(out_dir / name)
-    tracker.log_metrics({"final/val_reward": final, "final/beta": trainer.beta}, trainer.step)
-    tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
-    tracker.end()
-    if ckpt_dir is not None and is_main:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
-        rid.unlink(missing_ok=True)
-    return result, meta
+    return close_job(job, res, arm, trainer, info, out_dir, final=final, final_val=final_val, is_main=is_main,
+                     ckpt_dir=ckpt_dir)
+
+
+def job_hparams(params: Params, arm, best_params_file: Path | None, hp_over: dict | None):
+    """A job's hyper-parameters: ``train``'s, then the search's selection for ``arm`` (when
+    ``best_params_file`` is given), then ``hp_over``."""
+    from lopd.training.trainer import HParams
+
+    selected = selected_hparams(params, best_params_file, arm) if best_params_file is not None else {}
+    return HParams.from_params(params, **{**selected, **(hp_over or {})})

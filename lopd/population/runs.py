@@ -1,0 +1,60 @@
+"""Jobs trained as one population, each finished exactly as a run alone finishes.
+
+:func:`run_jobs` is :func:`lopd.training.run.run_arm` for S jobs of one arm: each job gets its own
+MLflow run (named, tagged and parented as alone, :func:`lopd.training.run.open_job`), the members
+train together (:class:`lopd.population.trainer.Population`), every member is validated on all val
+tasks, and each job's outputs (adapter, composer, ``history.csv``, ``result.json``,
+``splits_read.json``) are written to its own directory and logged to its run
+(:func:`lopd.training.run.close_job`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class Job:
+    """One member's run: seed, hyper-parameters, where its outputs go and how MLflow names it."""
+
+    seed: int
+    hp: object  # lopd.training.trainer.HParams
+    out_dir: Path
+    tags: dict | None = None
+    run_name: str | None = None
+    on_val: Callable[[int, float], None] | None = None
+
+
+def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str | None = None,
+             ckpt_dir: Path | None = None, label: str = "population") -> list[tuple[dict, dict]]:
+    """Train ``jobs`` (all of ``arm_name``) as one population; each job's ``(result, meta)`` as
+    :func:`~lopd.training.run.run_arm` returns it. A failure marks every job's MLflow run FAILED."""
+    from lopd.arms import get_arm
+    from lopd.population.trainer import Member, Population
+    from lopd.training.run import close_job, open_job
+    from lopd.utils import progress
+
+    arm = get_arm(arm_name)
+    opened = [open_job(params, arm, j.seed, j.hp, None, j.tags, parent_run_id, True, j.run_name) for j in jobs]
+    try:
+        with progress() as prog:
+            steps = jobs[0].hp.steps if arm.trains else 1
+            bar = prog.add_task(f"{label}: {len(jobs)} {arm_name} runs", total=steps, info="")
+
+            def on_step(step: int, rows: list[dict]) -> None:
+                rewards = [r.get("reward") or 0.0 for r in rows]
+                prog.update(bar, completed=step, info=f"mean reward {sum(rewards) / len(rewards):.2f}")
+
+            pop = Population(res, arm, [Member(j.hp, j.seed, o.tracker, j.on_val) for j, o in zip(jobs, opened)],
+                             ckpt_dir=ckpt_dir, progress=on_step)
+            info = pop.fit()
+            finals = pop.validate(res.val_tasks)
+            prog.update(bar, completed=steps)
+    except BaseException:
+        for o in opened:
+            o.tracker.end("FAILED")
+        raise
+    return [close_job(o, tr.res, arm, tr, info, j.out_dir, final=f, final_val=True, ckpt_dir=None)
+            for j, o, tr, f in zip(jobs, opened, pop.trainers, finals)]
