@@ -162,13 +162,13 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     ``engine``: ``"auto"`` runs the lean :class:`~lopd.engine.fast_decoder.FastDecoder` forward where
     it supports the model, else the Hugging Face forward; ``"hf"`` always the latter.
     ``cpu_threads``: torch's intra-op threads while decoding on a CPU (restored afterwards;
-    ``None`` keeps the caller's). ``on_rows(rows)``, if given, is called before every forward pass
-    with the indices (into ``tasks``) of the rows it runs, in batch order: a population of
-    members (:mod:`lopd.model.members`) routes each row through its own member's adapter with
-    it. One by default: a decoding step is many tiny operations
+    ``None`` keeps the caller's). One by default: a decoding step is many tiny operations
     that splitting across threads only slows down (every split waits for the slowest
     thread, and on a busy machine that is a whole scheduler time slice), and the other core
     is left to the sandboxed programs being scored meanwhile.
+    ``on_rows(rows)``, if given, is called before every forward pass with the indices (into
+    ``tasks``) of the rows it runs, in batch order: a population of members
+    (:mod:`lopd.model.members`) routes each row through its own member's adapter with it.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")

@@ -175,7 +175,7 @@ class Backbone:
         return self
 
     # ------------------------------------------------------------------ population members
-    def members(self, n: int) -> list["Backbone"]:
+    def member_views(self, n: int) -> list["Backbone"]:
         """Views of this backbone for ``n`` population members (:mod:`lopd.model.members`): view
         ``i`` is this backbone with its ``student`` and ``composer`` roles mapped to member ``i``'s
         own adapters (added here if missing, at the same LoRA config). Views share the model,

@@ -2,7 +2,7 @@
 
 A member is a run: a seed, or a search trial with its own m, K, n_ret and learning rate. Each is a
 :class:`~lopd.training.trainer.Trainer` on its own view of the backbone
-(:meth:`lopd.model.backbone.Backbone.members`), so it owns what a run owns: its student adapter, its
+(:meth:`lopd.model.backbone.Backbone.member_views`), so it owns what a run owns: its student adapter, its
 composer, its optimisers and their clipping, β and the anchor, its random streams (task order,
 rollout seeds), its history. What the population adds is that one step runs
 
@@ -100,7 +100,7 @@ class Population:
         self.res, self.arm, self.bb = res, arm, res.bb
         self.ckpt_dir, self.progress = ckpt_dir, progress
         self.n = len(members)
-        views = res.bb.members(self.n)
+        views = res.bb.member_views(self.n)
         self.trainers = [Trainer(replace(res, bb=views[i]), arm, m.hp, m.seed, tracker=m.tracker, on_val=m.on_val)
                          for i, m in enumerate(members)]
         self.hp = members[0].hp
@@ -259,8 +259,7 @@ class Population:
         resumed = self.restore() if self.arm.trains else 0
         if self.arm.trains and self.step == 0:
             for tr, v in zip(trs, self.validate()):
-                tr.last_val = v
-                tr._record({"step": 0, "rollouts_used": tr.rollouts_used, "beta": tr.beta, "val_reward": v})
+                tr._record(tr._val_row(0, v))
         while self.arm.trains and self.step < hp.steps:
             rows = self.train_step()
             if self.step % hp.val_every == 0 or self.step == hp.steps:

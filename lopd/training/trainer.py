@@ -436,8 +436,10 @@ class Trainer:
             self.tracker.flush()
         return {"resumed_from_step": resumed["step"] if resumed else 0}
 
-    def _val_row(self, step: int) -> dict:
-        v = self.validate()
+    def _val_row(self, step: int, value: float | None = None) -> dict:
+        """The history row of a validation outside a step (step 0): ``value``, one a population
+        already took for this member, else this trainer's own validation."""
+        v = self.validate() if value is None else value
         self.last_val = v
         return {"step": step, "rollouts_used": self.rollouts_used, "beta": self.beta, "val_reward": v}
 
