@@ -90,6 +90,31 @@ def test_a_member_trains_as_it_would_alone(resources, workspace, monkeypatch, ar
     assert len(set(vals)) > 1 or arm == "sft", "every member validated the same: the routing is suspect"
 
 
+def test_a_member_with_its_own_draw_trains_as_it_would_alone(resources, workspace):
+    """A member may hold its own upstream draw (a final run's per-seed bank and φ0): here φ0 moved by
+    noise. In a population of three whose other members hold the shared draw it trains as it does
+    alone on that draw, and not as it does on the shared one (the draw reached its composer)."""
+    from dataclasses import replace
+
+    gen = torch.Generator().manual_seed(7)
+    own = replace(resources, phi0={k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in resources.phi0.items()})
+    steps, hp = 4, _hp(workspace)
+
+    def alone_losses(res) -> list[float]:
+        tr = Trainer(res, ARMS["lopd"], hp, seed=SEED)
+        tr.prepare()
+        return [tr.train_step()["kd_loss"] for _ in range(steps)]
+
+    with_own, with_shared = alone_losses(own), alone_losses(resources)
+    pop = Population(resources, ARMS["lopd"], [Member(hp, 0), Member(hp, SEED, res=own), Member(hp, 1)])
+    for tr in pop.trainers:
+        tr.prepare()
+    member = [pop.train_step()[1]["kd_loss"] for _ in range(steps)]
+    assert all(isinstance(x, float) for x in with_own + with_shared), (with_own, with_shared)
+    assert member == pytest.approx(with_own, abs=1e-5)
+    assert with_own != pytest.approx(with_shared, abs=1e-5), "the own draw changed nothing: the test is vacuous"
+
+
 def _snapshot(pop: Population) -> list:
     out = []
     for tr in pop.trainers:

@@ -60,6 +60,9 @@ class Member:
     seed: int
     tracker: Any = None
     on_val: Callable[[int, float], None] | None = None
+    # its own upstream draw (bank, φ0 and the tasks' embeddings: a final run's per-seed draw); None = the
+    # population's. Its backbone, tasks and environments are the population's whatever it holds.
+    res: Resources | None = None
 
 
 class MemberPasses:
@@ -100,8 +103,14 @@ class Population:
         self.res, self.arm, self.bb = res, arm, res.bb
         self.ckpt_dir, self.progress = ckpt_dir, progress
         self.n = len(members)
+        for m in members:
+            if m.res is not None and ([t.task_id for t in m.res.train_tasks], [t.task_id for t in m.res.val_tasks]) \
+                    != ([t.task_id for t in res.train_tasks], [t.task_id for t in res.val_tasks]):
+                raise BadInput(f"member seed {m.seed}: its resources hold other train/val tasks than the population's")
         views = res.bb.member_views(self.n)
-        self.trainers = [Trainer(replace(res, bb=views[i]), arm, m.hp, m.seed, tracker=m.tracker, on_val=m.on_val)
+        self.trainers = [Trainer(replace(m.res or res, bb=views[i], envs=res.envs, train_tasks=res.train_tasks,
+                                         val_tasks=res.val_tasks, student_init=res.student_init),
+                                 arm, m.hp, m.seed, tracker=m.tracker, on_val=m.on_val)
                          for i, m in enumerate(members)]
         self.hp = members[0].hp
         self.last_timing: dict[str, float] = {}
