@@ -4,11 +4,12 @@ retrieved experiences ``n_ret``.
 Objective: the LOPD student's mean reward on the **validation** split at the final runs' horizon
 (``hpo.steps``, null = ``train.steps``), averaged over ``hpo.seeds_per_trial`` seeds, every val task
 sampled ``train.val_samples_per_task`` times with the same sampling seeds in every trial (common
-random numbers). Trials are asked ``hpo.trials_per_batch`` at a time (TPE with ``constant_liar``) and a
-batch's trials × seeds train as one population (:mod:`lopd.population`). Each trial keeps its per-task rewards (user attribute ``val_per_task``), so the
-selection (:mod:`lopd.search.selection`) compares trials paired by task and applies the tie rule
-registered in ``hpo.tie_rule``. Intermediate validation rewards (a trial's mean over its seeds) feed
-Optuna's median pruner; a pruned trial's members finish with their batch, but it keeps no value.
+random numbers). Trials are asked ``hpo.trials_per_batch`` at a time (TPE with ``constant_liar``), and
+a batch's trials × seeds train as one population (:mod:`lopd.population`). Each trial keeps its
+per-task rewards (user attribute ``val_per_task``), so the selection (:mod:`lopd.search.selection`)
+compares trials paired by task and applies the tie rule registered in ``hpo.tie_rule``. Intermediate
+validation rewards (a trial's mean over its seeds) feed Optuna's median pruner; a pruned trial's
+members finish with their batch, but the trial keeps no value.
 
 The learning baselines (``hpo.baseline_arms``) are tuned like the method: each gets its student
 learning rate from ``hpo.lr_choices`` (the grid LOPD's is searched over) on the validation split,
@@ -116,7 +117,8 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def make_sampler(n_finished: int):
-        return optuna.samplers.TPESampler(seed=hp.seed + n_finished, n_startup_trials=min(8, hp.n_trials))
+        return optuna.samplers.TPESampler(seed=hp.seed + n_finished, n_startup_trials=min(8, hp.n_trials),
+                                          constant_liar=True)  # RUNNING trials of a batch steer the next asks
 
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
     study = optuna.create_study(study_name=study_name(params, dep_files), storage=make_storage(storage),
