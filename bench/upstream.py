@@ -79,7 +79,7 @@ def _lopd(root: Path, *argv: str) -> None:
 
 
 def _test_reward(root: Path, arm: str, seed: int) -> float:
-    return json.loads((root / "results" / "eval" / f"{arm}-{seed}" / "result.json").read_text())["test_reward"]
+    return json.loads((root / "results" / "eval" / arm / f"seed-{seed}" / "result.json").read_text())["test_reward"]
 
 
 def _shared(ws: Path, raw: dict, args) -> None:
@@ -120,9 +120,8 @@ def _draw(ws: Path, raw: dict, args, d: int) -> Path:
             if not link.exists():
                 link.symlink_to(Path("..") / kind)
     for arm in (("base",) if d == 0 else ()) + ARMS:  # base uses no draw: evaluated once, in draw 0
-        for s in range(args.seeds):
-            _lopd(root, "train", "--arm", arm, "--seed", str(s))
-            _lopd(root, "evaluate", "--arm", arm, "--seed", str(s))
+        _lopd(root, "train", "--arm", arm)  # every seed of the arm as one population, as the train stage
+        _lopd(root, "evaluate", "--arm", arm)
     return root
 
 

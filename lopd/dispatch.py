@@ -45,11 +45,12 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--storage", default=None, help="Optuna storage URL (default: the journal file)")
     h.add_argument("--n-trials", type=int, default=None, help="the study's budget of finished trials, shared by the stage and every "
                                                                 "worker: each stops once it is reached (default: hpo.n_trials)")
-    for name, text in (("train", "train one arm with one seed"),
-                       ("evaluate", "evaluate one trained student on the test split")):
+    for name, text in (("train", "train every seed of one arm, as one population"),
+                       ("evaluate", "evaluate every trained seed of one arm on the test split")):
         t = sub.add_parser(name, help=text)
         t.add_argument("--arm", required=True)
-        t.add_argument("--seed", type=int, required=True)
+        t.add_argument("--seed", type=int, default=None, help="that seed only, alone (train: the path of a run "
+                                                                 "across processes)")
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
     sub.add_parser("report", help="tables, figures and audits under reports/")
     f = sub.add_parser("fingerprint", help="hash the code deps and params values a dvc.yaml stage declares "
@@ -222,7 +223,9 @@ def _check_arm_and_seed(params, args) -> None:
     from lopd.arms import get_arm
 
     get_arm(args.arm)
-    with unrecorded():  # the dvc.yaml matrix guarantees it; declaring train.seeds would rerun every seed
+    if args.seed is None:
+        return
+    with unrecorded():  # a hand-run check: the dvc.yaml stages run every seed of an arm
         if args.seed not in params.train.seeds_of(args.arm):
             raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}"
                            + (f" or train.extra_seeds {params.train.extra_seeds}" if args.arm in params.train.extra_arms else ""))

@@ -86,8 +86,16 @@ class Paths:
     def meta_file(self, stage: str) -> Path:
         return self.meta / f"{stage.replace('@', '-')}.json"
 
+    def arm_runs(self, arm: str) -> Path:
+        """Every training seed of ``arm`` (stage ``train@{arm}``'s output): ``seed-<s>/`` each."""
+        return self.runs / arm
+
     def run_dir(self, arm: str, seed: int) -> Path:
-        return self.runs / f"{arm}-{seed}"
+        return self.arm_runs(arm) / f"seed-{seed}"
+
+    def arm_evals(self, arm: str) -> Path:
+        """Every seed's test evaluation of ``arm`` (stage ``evaluate@{arm}``'s output)."""
+        return self.eval / arm
 
     def eval_dir(self, arm: str, seed: int) -> Path:
-        return self.eval / f"{arm}-{seed}"
+        return self.arm_evals(arm) / f"seed-{seed}"

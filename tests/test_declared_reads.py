@@ -40,9 +40,9 @@ def _covered(module: str, deps: list[str]) -> bool:
 
 
 def merged_by_stage(records: list[dict]) -> list[dict]:
-    """One record per dvc.yaml stage: a matrix stage (``train@lopd-0``, ``train@base-0``, …) has one
+    """One record per dvc.yaml stage: a matrix stage (``train@lopd``, ``train@base``, …) has one
     declaration, so what its items read together is what it must declare. An extra-seed stage
-    (``train_extra@lopd-2``) is the same stage over more seeds (one YAML anchor; tests/test_pipeline.py
+    (``bank_draw_extra@2``) is the same stage over more seeds (one YAML anchor; tests/test_pipeline.py
     checks the stanzas are identical), so its items count as items of its twin."""
     out: dict[str, dict] = {}
     for r in records:
@@ -103,7 +103,7 @@ def test_every_stage_declares_exactly_what_it_reads(smoke_recorded):
     stages = {json.loads(p.read_text())["stage"] for p in records}
     assert {"prepare", "base", "bank", "cold_start", "probe", "hpo", "sensitivity", "report", "code_train",
             "code_evaluate"} <= stages
-    for kind in ("train@", "evaluate@", "train_extra@", "evaluate_extra@", "bank_draw@", "cold_start_draw@",
+    for kind in ("train@", "evaluate@", "bank_draw@", "cold_start_draw@",
                  "bank_draw_extra@", "cold_start_draw_extra@"):
         assert any(s.startswith(kind) for s in stages), kind
     problems = []

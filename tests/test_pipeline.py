@@ -27,7 +27,7 @@ def test_only_evaluate_depends_on_the_test_split():
     offenders = {s: d for s, d in offenders.items() if d and s not in ("evaluate", "evaluate_extra")}
     assert not offenders, f"stages other than evaluate depend on the test split: {offenders}"
     assert any(_reads_test(d) for d in _stage_deps(dvc)["evaluate"]), "evaluate must read the test split"
-    for kind in ("train", "evaluate", "bank_draw", "cold_start_draw"):  # the extra-seed stages: the same over other seeds
+    for kind in ("bank_draw", "cold_start_draw"):  # the extra-seed stages: the same over other seeds
         extra = dvc["stages"][f"{kind}_extra"]
         assert {k: v for k, v in extra.items() if k != "matrix"} == {
             k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
@@ -195,11 +195,12 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
                 "hpo/trials.csv", "results/sensitivity/grid.csv", "reports/summary.json",
                 "reports/main_table.md", "reports/falsification.md", "reports/leakage_audit.md",
                 "reports/figures/margin_dynamics.png"]
+    extra = params["train"]["extra_arms"]
     for a in arms:
-        for s in seeds:
-            expected += [f"runs/{a}-{s}/result.json", f"runs/{a}-{s}/history.csv", f"runs/{a}-{s}/student.safetensors",
-                         f"runs/{a}-{s}/splits_read.json", f"results/eval/{a}-{s}/result.json",
-                         f"results/eval/{a}-{s}/per_task.json"]
+        for s in [*seeds, *(params["train"]["extra_seeds"] if a in extra else [])]:
+            run, ev = f"runs/{a}/seed-{s}", f"results/eval/{a}/seed-{s}"
+            expected += [f"{run}/result.json", f"{run}/history.csv", f"{run}/student.safetensors",
+                         f"{run}/splits_read.json", f"{ev}/result.json", f"{ev}/per_task.json"]
     final_seeds = [*seeds, *params["train"]["extra_seeds"]]
     expected += [f"models/draws/{f}" for s in final_seeds for f in (f"bank-{s}/manifest.json",
                                                                    f"cold_start-{s}/phi0.safetensors")]
@@ -231,20 +232,21 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
 
 def test_a_stage_in_its_own_process_writes_what_the_warm_fork_wrote(smoke_recorded, tmp_path):
     """Outputs do not depend on the warm worker: ``lopd train`` run in its own fresh process
-    (outside DVC, no worker) rewrites the LOPD run that the smoke repro's forked stage wrote, byte
-    for byte (the kill-anywhere chain compares the two warm modes, library-only and full preload)."""
+    (outside DVC, no worker) rewrites the LOPD population that the smoke repro's forked stage wrote,
+    byte for byte (the kill-anywhere chain compares the two warm modes, library-only and full preload)."""
     import filecmp
     import shutil
 
     repo = _copy(smoke_recorded, tmp_path / "repo")
-    shutil.rmtree(repo / "runs/lopd-0")
-    r = run_cmd([str(BIN / "lopd"), "train", "--arm", "lopd", "--seed", "0"], repo, 600, LOPD_WARM="0",
+    shutil.rmtree(repo / "runs/lopd")
+    r = run_cmd([str(BIN / "lopd"), "train", "--arm", "lopd"], repo, 600, LOPD_WARM="0",
                 DVC_ROOT=None, LOPD_RECORD_DIR=None)
     assert r.returncode == 0, r.stderr[-3000:]
-    ref, got = smoke_recorded.repo / "runs/lopd-0", repo / "runs/lopd-0"
-    names = sorted(f.name for f in ref.iterdir())
-    assert names == sorted(f.name for f in got.iterdir()) and "student.safetensors" in names, names
-    match, mismatch, errors = filecmp.cmpfiles(ref, got, names, shallow=False)
+    ref, got = smoke_recorded.repo / "runs/lopd", repo / "runs/lopd"
+    files = sorted(str(f.relative_to(ref)) for f in ref.rglob("*") if f.is_file())
+    assert files == sorted(str(f.relative_to(got)) for f in got.rglob("*") if f.is_file()), files
+    assert "seed-0/student.safetensors" in files and "seed-1/student.safetensors" in files, files
+    match, mismatch, errors = filecmp.cmpfiles(ref, got, files, shallow=False)
     assert not mismatch and not errors, (mismatch, errors)
 
 
@@ -257,8 +259,9 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
         if "model.lora_r" in r["params"]:
             readers.add(r["stage"])
     assert {"cold_start", "hpo", "probe"} <= readers and any(s.startswith("train@") for s in readers)
-    before = {s: (repo / f"runs/{s.split('@')[1]}/student.safetensors").read_bytes()
-              for s in readers if s.startswith("train@")}
+    before = {p: p.read_bytes() for s in readers if s.startswith("train@")
+              for p in sorted((repo / f"runs/{s.split('@')[1]}").glob("seed-*/student.safetensors"))}
+    assert before
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["model"]["lora_r"] = params["model"]["lora_r"] // 2
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -266,25 +269,36 @@ def test_changing_lora_r_reruns_every_stage_that_reads_it(smoke_recorded, tmp_pa
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = set(_ran(r.stdout))
     assert readers <= ran, f"stages that read model.lora_r but were not rerun: {sorted(readers - ran)}"
-    for s, old in before.items():
-        assert (repo / f"runs/{s.split('@')[1]}/student.safetensors").read_bytes() != old, s
+    for p, old in before.items():
+        assert p.read_bytes() != old, p
 
 
-def test_adding_a_seed_runs_only_that_seeds_work(smoke_recorded, tmp_path):
-    """One more seed in train.seeds: its upstream draw (bank and cold start), its train and evaluate jobs and
-    the report run, nothing else; the existing runs' outputs are untouched."""
+def test_adding_a_seed_reruns_each_arms_population_and_nothing_upstream(smoke_recorded, tmp_path):
+    """One more seed in train.seeds: its upstream draw (bank and cold start), every arm's train and
+    evaluate stage (each arm's seeds train as one population) and the report run, nothing else. The
+    existing seeds train as they did: a member's run does not depend on who shares its batch, to the
+    tolerances of tests/test_population.py (not to the bit: other batches are other kernel calls)."""
+    import csv
+
     repo = _copy(smoke_recorded, tmp_path / "repo")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     arms, new = params["train"]["arms"], max(params["train"]["seeds"] + params["train"]["extra_seeds"]) + 1
     params["train"]["seeds"] = [*params["train"]["seeds"], new]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    old = {p: p.read_bytes() for p in sorted((repo / "runs").rglob("*")) if p.is_file()}
+
+    def losses(path):
+        return [float(r["loss"]) for r in csv.DictReader(path.open()) if r.get("loss")]
+
+    old = {p: losses(p) for p in sorted((repo / "runs").glob("*/seed-*/history.csv"))}
+    assert old and any(old.values())
     r = run_cmd([str(BIN / "dvc"), "repro"], repo, 900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    want = {f"train@{a}-{new}" for a in arms} | {f"evaluate@{a}-{new}" for a in arms} | {"report"}
+    want = {f"train@{a}" for a in arms} | {f"evaluate@{a}" for a in arms} | {"report"}
     want |= {f"bank_draw@{new}", f"cold_start_draw@{new}"}
     assert set(_ran(r.stdout)) == want, sorted(set(_ran(r.stdout)) ^ want)
-    assert all(p.read_bytes() == b for p, b in old.items())
+    assert all((repo / f"runs/{a}/seed-{new}/result.json").exists() for a in arms)
+    for p, before in old.items():
+        assert losses(p) == pytest.approx(before, rel=1e-4, abs=1e-5), p
 
 
 def test_a_code_change_reruns_its_stage_kind_through_the_fingerprint(smoke_recorded, tmp_path):

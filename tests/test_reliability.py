@@ -160,8 +160,8 @@ def test_resume_after_kill_is_byte_identical(train_copies):
     meta = json.loads((c / ".lopd/meta/train-lopd-0.json").read_text())
     assert meta["resumed_from_step"] >= 2
     for f in ("result.json", "history.csv"):
-        assert (c / "runs/lopd-0" / f).read_bytes() == (a / "runs/lopd-0" / f).read_bytes(), f
-    assert (c / "runs/lopd-0/student.safetensors").read_bytes() == (a / "runs/lopd-0/student.safetensors").read_bytes()
+        assert (c / "runs/lopd/seed-0" / f).read_bytes() == (a / "runs/lopd/seed-0" / f).read_bytes(), f
+    assert (c / "runs/lopd/seed-0/student.safetensors").read_bytes() == (a / "runs/lopd/seed-0/student.safetensors").read_bytes()
     assert not (c / "checkpoints/lopd-0").exists()  # replaced by the finished run's outputs
 
 
@@ -188,7 +188,7 @@ def test_same_stage_and_seed_twice_is_byte_identical(train_copies):
     assert tc["rc_a"] == 0, tc["log_a"][-3000:]
     assert tc["rc_b"] == 0, tc["log_b"][-3000:]
     for f in ("result.json", "history.csv", "student.safetensors", "composer.safetensors"):
-        assert (a / "runs/lopd-0" / f).read_bytes() == (b / "runs/lopd-0" / f).read_bytes(), f
+        assert (a / "runs/lopd/seed-0" / f).read_bytes() == (b / "runs/lopd/seed-0" / f).read_bytes(), f
 
 
 # ------------------------------------------------------------------ in-process failure modes
@@ -242,7 +242,7 @@ def test_nan_loss_fails_cleanly_with_last_checkpoint(workspace, resources, stage
     tensors, state = load_checkpoint(ckpt)
     assert state["step"] == 1 and len(state["history"]) == 2  # the step-0 validation row and step 1
     assert any(k.startswith("student.") for k in tensors) and any(k.startswith("composer.") for k in tensors)
-    assert not (stage_dirs / "runs" / "lopd-0" / "result.json").exists()
+    assert not (stage_dirs / "runs" / "lopd" / "seed-0" / "result.json").exists()
 
     # through the command line: exit status 1 and one message
     shutil.rmtree(ckpt)
@@ -291,7 +291,7 @@ def test_corrupt_checkpoint_on_resume_is_bad_input(workspace, resources, stage_d
     err = capsys.readouterr().err
     assert rc == 2
     assert "corrupt" in err
-    assert not (stage_dirs / "runs" / "lopd-0" / "result.json").exists()
+    assert not (stage_dirs / "runs" / "lopd" / "seed-0" / "result.json").exists()
 
 
 # ------------------------------------------------------------------ the search

@@ -459,4 +459,4 @@ def test_smoke_pipeline_store_reads_as_one_named_tree(smoke_recorded, tmp_path):
         assert {"history.csv", "result.json"} <= files, (r.info.run_name, files)
     got = c.download_artifacts(lopd_run.info.run_id, "history.csv", str(tmp_path))
     arm, seed = lopd_run.data.tags["arm"], lopd_run.data.tags["seed"]
-    assert open(got).read() == (repo / f"runs/{arm}-{seed}/history.csv").read_text()
+    assert open(got).read() == (repo / f"runs/{arm}/seed-{seed}/history.csv").read_text()

@@ -86,6 +86,47 @@ def test_per_seed_draws_differ_and_train_reads_its_seeds_draw(workspace, monkeyp
     assert seen == {"role": "train", "need_bank": True, "draw": 1}
 
 
+def test_each_member_of_an_arms_population_reads_its_seeds_draw(workspace, monkeypatch):
+    """``lopd train --arm A`` (the train stage): seed s's member holds draw s's bank and φ0, all on one
+    backbone (loaded once, with the first seed's draw)."""
+    import torch
+
+    import lopd.population.runs as runs
+    import lopd.stages.train as train_stage
+    from lopd.training.checkpoint import load_tensors_verified
+
+    params = workspace.params(train={"seeds": [0, 1], "extra_arms": [], "extra_seeds": []})
+    loads, got = [], {}
+
+    real_load = train_stage.load_resources
+
+    def counting_load(*a, **k):
+        loads.append(k.get("draw"))
+        return real_load(*a, **k)
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_jobs(params, res, arm, jobs, **kw):
+        got.update(arm=arm, ckpt=kw.get("ckpt_dir"), shared=res,
+                   members={j.seed: (j.res or res) for j in jobs}, dirs={j.seed: j.out_dir for j in jobs})
+        raise Stop
+
+    monkeypatch.setattr(train_stage, "load_resources", counting_load)
+    monkeypatch.setattr(runs, "run_jobs", fake_run_jobs)
+    with pytest.raises(Stop):
+        train_stage.run(params, workspace.paths, "lopd")
+    assert loads == [0] and got["arm"] == "lopd" and got["ckpt"] == workspace.paths.checkpoints / "lopd"
+    m = workspace.root / "models" / "draws"
+    for s in (0, 1):
+        member = got["members"][s]
+        assert member.bb is got["shared"].bb
+        want = load_tensors_verified(m / f"cold_start-{s}" / "phi0.safetensors")
+        assert all(torch.equal(member.phi0[k], want[k]) for k in want), f"seed {s} holds another draw's φ0"
+        assert got["dirs"][s] == workspace.paths.root / "runs" / "lopd" / f"seed-{s}"
+    assert got["members"][0].bank is not got["members"][1].bank
+
+
 @pytest.mark.parametrize("cmd", ["bank", "cold-start"])
 def test_a_draw_that_is_no_final_seed_is_bad_input(workspace, tmp_path, capsys, cmd):
     from lopd.cli import main

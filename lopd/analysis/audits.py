@@ -72,8 +72,8 @@ def _dvc_deps(root: Path) -> dict | None:
 
 
 def _stage_base(name: str) -> str:
-    """``train@lopd-0`` → ``train``; an extra-seed stage is the stage it repeats (``evaluate_extra`` →
-    ``evaluate``: dvc.yaml gives both the same command, deps and params, which tests/test_pipeline.py checks)."""
+    """``train@lopd`` → ``train``; an extra-seed stage is the stage it repeats (``bank_draw_extra`` →
+    ``bank_draw``: dvc.yaml gives both the same command, deps and params, which tests/test_pipeline.py checks)."""
     return name.split("@", 1)[0].removesuffix("_extra")
 
 
@@ -81,7 +81,7 @@ def _runtime_records(root: Path) -> list[dict]:
     cands: list[tuple[str, Path]] = []
     for p in sorted((root / "results").glob("*/result.json")):
         cands.append((p.parent.name, p))
-    for p in sorted((root / "results" / "eval").glob("*/result.json")):
+    for p in sorted((root / "results" / "eval").glob("*/seed-*/result.json")):
         cands.append((EVAL_STAGE, p))
     for p in sorted((root / "models").glob("*/manifest.json")):
         cands.append((p.parent.name, p))

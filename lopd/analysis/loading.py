@@ -53,9 +53,9 @@ def series(hist: dict[str, np.ndarray], xcol: str, ycol: str) -> tuple[np.ndarra
 
 
 def load_runs(root: Path) -> dict[str, dict[int, dict]]:
-    """runs/*/result.json (+ history.csv) → {arm: {seed: {"result", "history", "dir"}}}."""
+    """runs/<arm>/seed-<s>/result.json (+ history.csv) → {arm: {seed: {"result", "history", "dir"}}}."""
     runs: dict[str, dict[int, dict]] = {}
-    for p in sorted((root / "runs").glob("*/result.json")):
+    for p in sorted((root / "runs").glob("*/seed-*/result.json")):
         r = read_json(p)
         if not isinstance(r, dict) or "arm" not in r or "seed" not in r:
             raise BadInput(f"{p}: a run result needs 'arm' and 'seed'")
@@ -65,9 +65,9 @@ def load_runs(root: Path) -> dict[str, dict[int, dict]]:
 
 
 def load_evals(root: Path) -> dict[str, dict[int, dict]]:
-    """results/eval/*/result.json → {arm: {seed: {"mean", "by_domain", "dir"}}}."""
+    """results/eval/<arm>/seed-<s>/result.json → {arm: {seed: {"mean", "by_domain", "dir"}}}."""
     evals: dict[str, dict[int, dict]] = {}
-    for p in sorted((root / "results" / "eval").glob("*/result.json")):
+    for p in sorted((root / "results" / "eval").glob("*/seed-*/result.json")):
         r = read_json(p)
         if not isinstance(r, dict) or "arm" not in r or "seed" not in r or not finite(r.get("test_reward")):
             raise BadInput(f"{p}: an evaluation result needs 'arm', 'seed' and a finite 'test_reward'")

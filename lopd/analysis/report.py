@@ -63,7 +63,7 @@ def _mark_path_check(out: Path) -> None:
 
 
 def _missing_inputs(root: Path, runs, evals) -> list[str]:
-    missing = [] if evals else ["results/eval/*/result.json (no test results)"]
+    missing = [] if evals else ["results/eval/<arm>/seed-<s>/result.json (no test results)"]
     for arm in ARMS:
         missing += [f"runs of arm {arm}"] if arm not in runs else []
         missing += [f"evaluation results of arm {arm}"] if evals and arm not in evals else []

@@ -62,8 +62,8 @@ def write_main_table(out: Path, params, evals, mt: dict) -> None:
     arms, cols, cells, tests = mt["arms"], mt["cols"], mt["cells"], mt["tests"]
     if not arms:
         write_text(out / "main_table.md", "# Main table: test reward\n\nMISSING: no evaluation results under "
-                   "results/eval/*/result.json.")
-        write_text(out / "main_table.tex", "% MISSING: no evaluation results under results/eval/*/result.json")
+                   "results/eval/<arm>/seed-<s>/result.json.")
+        write_text(out / "main_table.tex", "% MISSING: no evaluation results under results/eval/<arm>/seed-<s>/result.json")
         return
     alpha, bold = params.report.alpha, {t["col"]: t["best"] for t in tests if t["bold"]}
     caption = (f"Test reward (per domain and mean of domain means). Cells: mean ± half-width of the Student-t 95% "

@@ -11,18 +11,15 @@ from lopd.config.stages import ARMS
 
 
 class TrainParams(Section):
-    """The final runs (stages train@/evaluate@ and train_extra@/evaluate_extra@) and the shared
-    training loop's knobs (lopd.training.trainer)."""
+    """The final runs (stages train@{arm}, evaluate@{arm}: every seed of an arm in one process) and the
+    shared training loop's knobs (lopd.training.trainer)."""
 
     arms: list[str] = Field(description="arms run with every seed of train.seeds (lopd.arms)")
-    seeds: list[int] = Field(description="training seeds of every arm: stages train@{arm}-{seed}, "
-                                         "evaluate@{arm}-{seed}")
-    # more seeds for some arms (stages train_extra@/evaluate_extra@): the falsification rule's arms
-    # need >= 10 seeds, the other arms fewer (a DVC matrix is a full cross product, hence two)
+    seeds: list[int] = Field(description="training seeds of every arm (runs/{arm}/seed-{seed})")
+    # more seeds for some arms: the falsification rule's arms need >= 10 seeds, the other arms fewer
     extra_arms: list[str] = Field(description="arms of train.arms that also run train.extra_seeds (the "
                                               "falsification rule's arms need more seeds)")
-    extra_seeds: list[int] = Field(description="more seeds for train.extra_arms, disjoint from train.seeds: "
-                                               "stages train_extra@, evaluate_extra@")
+    extra_seeds: list[int] = Field(description="more seeds for train.extra_arms, disjoint from train.seeds")
     steps: int = Field(ge=1, description="training steps per run")
     tasks_per_step: int = Field(ge=1, description="rollouts per step for every arm (GRPO: tasks_per_step / "
                                                   "group_size tasks × group_size), so equal steps = equal budgets")

@@ -112,7 +112,7 @@ class Driver:
 
 def resources_for(resources: dict, kind: str):
     """What a job of stage ``kind`` reserves: ``resources[kind]``; for an extra-seed stage
-    (``train_extra``) that of the stage it repeats (``train``); else ``resources["default"]``."""
+    (``bank_draw_extra``) that of the stage it repeats (``bank_draw``); else ``resources["default"]``."""
     for k in (kind, kind.removesuffix("_extra")):
         if k in resources:
             return resources[k]

@@ -25,19 +25,26 @@ class Job:
     tags: dict | None = None
     run_name: str | None = None
     on_val: Callable[[int, float], None] | None = None
+    res: object | None = None  # its own upstream draw (Member.res); None = the population's
+    # where its MLflow run id is kept while it trains (a killed attempt's run is then marked KILLED
+    # and linked on the rerun): ``<rid_key>.mlflow_run_id`` beside it; None = not kept
+    rid_key: Path | None = None
 
 
 def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str | None = None,
              ckpt_dir: Path | None = None, label: str = "population") -> list[tuple[dict, dict]]:
     """Train ``jobs`` (all of ``arm_name``) as one population; each job's ``(result, meta)`` as
-    :func:`~lopd.training.run.run_arm` returns it. A failure marks every job's MLflow run FAILED."""
+    :func:`~lopd.training.run.run_arm` returns it. A failure marks every job's MLflow run FAILED.
+    ``ckpt_dir``: the population's checkpoint (a rerun resumes from it); removed once every job's
+    outputs are written, so a kill while they are written resumes at the last step and writes them
+    again, the same bytes."""
     from lopd.arms import get_arm
     from lopd.population.trainer import Member, Population
     from lopd.training.run import close_job, open_job
     from lopd.utils import progress
 
     arm = get_arm(arm_name)
-    opened = [open_job(params, arm, j.seed, j.hp, None, j.tags, parent_run_id, True, j.run_name) for j in jobs]
+    opened = [open_job(params, arm, j.seed, j.hp, j.rid_key, j.tags, parent_run_id, True, j.run_name) for j in jobs]
     try:
         with progress() as prog:
             steps = jobs[0].hp.steps if arm.trains else 1
@@ -47,7 +54,7 @@ def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str 
                 rewards = [r.get("reward") or 0.0 for r in rows]
                 prog.update(bar, completed=step, info=f"mean reward {sum(rewards) / len(rewards):.2f}")
 
-            pop = Population(res, arm, [Member(j.hp, j.seed, o.tracker, j.on_val) for j, o in zip(jobs, opened)],
+            pop = Population(res, arm, [Member(j.hp, j.seed, o.tracker, j.on_val, j.res) for j, o in zip(jobs, opened)],
                              ckpt_dir=ckpt_dir, progress=on_step)
             info = pop.fit()
             finals = pop.validate(res.val_tasks)
@@ -56,5 +63,10 @@ def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str 
         for o in opened:
             o.tracker.end("FAILED")
         raise
-    return [close_job(o, tr.res, arm, tr, info, j.out_dir, final=f, final_val=True, ckpt_dir=None)
+    done = [close_job(o, tr.res, arm, tr, info, j.out_dir, final=f, final_val=True, ckpt_dir=j.rid_key)
             for j, o, tr, f in zip(jobs, opened, pop.trainers, finals)]
+    if ckpt_dir is not None:
+        import shutil
+
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # every output is written: the checkpoint is done with
+    return done

@@ -62,6 +62,19 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     return res
 
 
+def with_draw(paths: Paths, res, draw: int):
+    """``res`` with upstream draw ``draw``'s bank and φ0 (``models/draws/*-<draw>``): a population
+    member's own draw on the shared backbone, tasks and task embeddings (those depend on the
+    backbone only)."""
+    from dataclasses import replace
+
+    from lopd.bank import ExperienceBank
+    from lopd.training.checkpoint import load_tensors_verified
+
+    bank_dir, cold_dir = paths.upstream(draw)
+    return replace(res, bank=ExperienceBank.load(bank_dir), phi0=load_tensors_verified(cold_dir / "phi0.safetensors"))
+
+
 def splits_read() -> list[dict]:
     """Which splits this process opened (role and hash): the leakage audit reads it."""
     return list(data_mod.ACCESS_LOG)

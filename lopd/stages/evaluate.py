@@ -1,5 +1,6 @@
-"""Stage ``evaluate@{arm}-{seed}``: the ONLY stage that reads the test split. The trained student
-alone (no retrieval, no latents, no composer) on every test task."""
+"""Stage ``evaluate@{arm}``: the ONLY stage that reads the test split. Each trained student of the
+arm (``runs/{arm}/seed-{s}``) alone (no retrieval, no latents, no composer) on every test task, one
+seed after another in one process, to ``results/eval/{arm}/seed-{s}``."""
 
 from __future__ import annotations
 
@@ -44,22 +45,30 @@ def _track(params: Params, paths: Paths, arm: str, seed: int, result: dict) -> N
                                                  "mirrored_to_training_run": mirrored})
 
 
-def run(params: Params, paths: Paths, arm: str, seed: int) -> dict:
+def run(params: Params, paths: Paths, arm: str, seed: int | None = None) -> dict:
     from lopd.arms import get_arm
-    from lopd.training.checkpoint import load_tensors_verified
-    from lopd.envs import make_env
     from lopd.engine.evaluation import make_envs
-    from lopd.model.backbone import load_student_policy
-    from lopd.kernels import seed_everything
 
     get_arm(arm)
+    seeds = params.train.seeds_of(arm) if seed is None else [seed]
+    for s in seeds:
+        if not (paths.run_dir(arm, s) / "result.json").exists():
+            raise BadInput(f"no finished run at {paths.run_dir(arm, s)} (train {arm} first)")
+    test = data_mod.SplitReader(paths.splits, role="evaluate").load("test")
+    envs = make_envs(params)
+    return {s: _evaluate_seed(params, paths, arm, s, test, envs) for s in seeds}
+
+
+def _evaluate_seed(params: Params, paths: Paths, arm: str, seed: int, test, envs) -> dict:
+    from lopd.envs import make_env
+    from lopd.kernels import seed_everything
+    from lopd.model.backbone import load_student_policy
+    from lopd.training.checkpoint import load_tensors_verified
+
     run_dir = paths.run_dir(arm, seed)
-    if not (run_dir / "result.json").exists():
-        raise BadInput(f"no finished run at {run_dir} (train {arm} seed {seed} first)")
     seed_everything(0, params.model.torch_threads)
     model, fmt = load_student_policy(params, paths.base, load_tensors_verified(run_dir / "student.safetensors"))
-    test = data_mod.SplitReader(paths.splits, role="evaluate").load("test")
-    res = _evaluate(params, model, fmt, make_envs(params), test, seed, f"evaluate {arm} seed {seed}")
+    res = _evaluate(params, model, fmt, envs, test, seed, f"evaluate {arm} seed {seed}")
     benchmarks = {}
     for dom in params.envs.eval_domains:  # real benchmark data, evaluation only
         env = make_env(dom, params.envs)
