@@ -33,15 +33,17 @@ def test_only_evaluate_depends_on_the_test_split():
             k: v for k, v in dvc["stages"][kind].items() if k != "matrix"}, kind
 
 
-# the matrix lists: a fingerprint holding them would rerun every item when a seed is added
+# the run matrix: a fingerprint holding it would rerun every arm's items when an arm is added
 MATRIX_KEYS = ("train", "train.arms", "train.seeds", "train.extra_arms", "train.extra_seeds")
+# what a train/evaluate item declares itself: the seeds it runs (every seed of its arm, one population)
+SEED_KEYS = ["train.seeds", "train.extra_arms", "train.extra_seeds"]
 
 
 def test_matrix_stages_declare_their_code_through_one_fingerprint():
-    """train/evaluate (and their _extra twins) depend on the output of code_train/code_evaluate, which
-    holds the code list and the params list; they list no code and no params themselves (their data
-    deps stay theirs). The fingerprint is a small uncached file that git ignores, written by
-    `lopd fingerprint <its own stage>`, and its params leave out the matrix lists."""
+    """train/evaluate depend on the output of code_train/code_evaluate, which holds the code list and
+    the params list; they list no code themselves (their data deps stay theirs) and no params but
+    the seeds of their arm. The fingerprint is a small uncached file that git ignores, written by
+    `lopd fingerprint <its own stage>`, and its params leave out the run matrix."""
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     ignored = (REPO / ".gitignore").read_text().split()
     for kind in ("train", "evaluate"):
@@ -52,10 +54,10 @@ def test_matrix_stages_declare_their_code_through_one_fingerprint():
         [path] = out
         assert out[path] == {"cache": False} and f"/{path.split('/')[0]}/" in ignored, out
         assert all(str(d).startswith("lopd") for d in code["deps"])
-        for stage in (kind, f"{kind}_extra"):
-            deps = [str(d) for d in dvc["stages"][stage]["deps"]]
-            assert path in deps and not [d for d in deps if d.startswith("lopd")], stage
-            assert "params" not in dvc["stages"][stage], stage
+        deps = [str(d) for d in dvc["stages"][kind]["deps"]]
+        assert path in deps and not [d for d in deps if d.startswith("lopd")], kind
+        assert list(map(str, dvc["stages"][kind]["params"])) == SEED_KEYS, kind
+        assert f"{kind}_extra" not in dvc["stages"], "every seed of an arm is one stage item"
 
 
 def _fingerprint_ws(root: Path, deps: list[str], params: list[str] | None = None) -> Path:
@@ -167,10 +169,9 @@ def test_train_and_evaluate_matrix_cover_every_arm_and_seed():
     assert p.train.steps * p.train.tasks_per_step >= 1536 and p.train.val_samples_per_task >= 2
     assert max(p.hpo.margin_choices) >= 0.5
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    for stage in ("train", "evaluate"):
-        assert dvc["stages"][stage]["matrix"] == {"arm": "${train.arms}", "seed": "${train.seeds}"}
-        assert dvc["stages"][f"{stage}_extra"]["matrix"] == {"arm": "${train.extra_arms}",
-                                                             "seed": "${train.extra_seeds}"}
+    for stage in ("train", "evaluate"):  # an item per arm, running train.seeds_of(arm)
+        assert dvc["stages"][stage]["matrix"] == {"arm": "${train.arms}"}
+        assert "--seed" not in dvc["stages"][stage]["cmd"]
 
 
 def _ran(stdout: str) -> list[str]:
