@@ -111,10 +111,10 @@ def _samples(rng, n_seeds: int, samples: int, arms, null: bool, effect: float, g
 
 
 def _write_eval(root: Path, arm: str, s: int, x: np.ndarray) -> float:
-    """results/eval/<arm>-<s>/: per_task.json (samples) and result.json with the mean of domain means."""
+    """results/eval/<arm>/seed-<s>/: per_task.json (samples) and result.json with the mean of domain means."""
     task_mean = x.mean(axis=1)
     by_dom = {"tool": float(task_mean[:8].mean()), "code": float(task_mean[8:].mean())}
-    ev = root / "results" / "eval" / f"{arm}-{s}"
+    ev = root / "results" / "eval" / arm / f"seed-{s}"
     recs = [{"task_id": f"t{j}", "domain": DOMAINS[j >= 8], "family": "bank",
              **({"rewards": [float(v) for v in x[j]]} if x.shape[1] > 1 else {"reward": float(x[j, 0])})}
             for j in range(N_TASKS)]
@@ -127,7 +127,7 @@ def _write_eval(root: Path, arm: str, s: int, x: np.ndarray) -> float:
 
 
 def _write_run(root: Path, rng, arm: str, s: int) -> None:
-    d = root / "runs" / f"{arm}-{s}"
+    d = root / "runs" / arm / f"seed-{s}"
     v0, v1, tau = VAL_CURVE.get(arm, (0.45, 0.5, 8.0))
     steps, rows, beta = (STEPS if arm != "base" else 0), [], 0.0
     jit = 1.0 + rng.normal(0, 0.1)  # per-run spread so seed bands are visible
@@ -503,7 +503,7 @@ def test_an_extra_seed_stage_is_audited_as_the_stage_it_repeats(tmp_path):
 
 def test_one_sample_per_task_and_bad_per_task_files_are_named(tmp_path):
     make_fixture(tmp_path, n_seeds=3, samples=1)
-    (tmp_path / "results" / "eval" / "grpo-1" / "per_task.json").write_text("[]")  # disagrees with result.json
+    (tmp_path / "results" / "eval" / "grpo" / "seed-1" / "per_task.json").write_text("[]")  # disagrees with result.json
     build_report(_params(), tmp_path)
     assert "per-sample rewards absent (1 sample per task)" in _read(tmp_path, "seed_variance.md")
     readme = _read(tmp_path, "README.md")
@@ -538,7 +538,7 @@ def test_missing_runs_raise_bad_input(tmp_path):
 
 def test_missing_eval_results_still_writes_every_file(tmp_path):
     make_fixture(tmp_path, n_seeds=2, arms=("grpo", "lopd"))
-    for p in (tmp_path / "results" / "eval").glob("*/result.json"):
+    for p in (tmp_path / "results" / "eval").glob("*/seed-*/result.json"):
         p.unlink()
     summary = build_report(_params(), tmp_path)
     for name in EXPECTED_FILES:

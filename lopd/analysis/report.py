@@ -130,7 +130,8 @@ def build_report(params, root: Path = Path(".")) -> dict:
     out, rp = root / REPORT_DIR, params.report
     runs = load_runs(root)
     if not runs:
-        raise BadInput(f"no training runs found under {root / 'runs'}/*/result.json: run the train stage first")
+        raise BadInput(f"no training runs found under {root / 'runs'}/<arm>/seed-<s>/result.json: run the train stage "
+                       "first")
     evals = load_evals(root)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     missing = _missing_inputs(root, runs, evals)
