@@ -188,3 +188,78 @@ def test_a_run_alone_after_a_population_on_the_same_backbone_is_unchanged(resour
     assert resources.bb.routing.names is None, "the routing must be off outside a population's passes"
     after = alone()
     assert before[0] == after[0] and torch.equal(before[1], after[1]) and before[2] == after[2]
+
+
+def test_a_kill_while_the_members_are_closed_reruns_every_member_linked(resources, workspace, tmp_path, monkeypatch):
+    """Killed after the first member's outputs and MLflow run are closed, the rerun gives every member
+    a run linked to its first attempt's (``resumed_from_run``), not only the members still open, and
+    leaves no checkpoint or run-id file behind."""
+    from mlflow.tracking import MlflowClient
+
+    from lopd.population import runs
+    from lopd.training import run as run_mod
+
+    params = workspace.params(tracking={"experiment": "test-population-runs"})  # apart from the stages' runs
+    hp = _hp(workspace, steps=1, checkpoint_every=1, val_every=1)
+    ckpt = tmp_path / "checkpoints" / "sft"
+
+    def jobs():
+        return [runs.Job(s, hp, tmp_path / "runs" / f"seed-{s}", run_name=f"kill-close-{s}-{tmp_path.name}",
+                         rid_key=tmp_path / "checkpoints" / f"sft-seed-{s}") for s in (0, 1)]
+
+    close = run_mod.close_job
+    closed = []
+
+    def killed_after_first_close(*a, **k):
+        if closed:
+            raise KeyboardInterrupt("killed")
+        closed.append(close(*a, **k))
+        return closed[-1]
+    monkeypatch.setattr(run_mod, "close_job", killed_after_first_close)
+    with pytest.raises(KeyboardInterrupt):
+        runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
+    first = {s: (tmp_path / "checkpoints" / f"sft-seed-{s}.mlflow_run_id").read_text().strip() for s in (0, 1)}
+    monkeypatch.setattr(run_mod, "close_job", close)
+    done = runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
+
+    client = MlflowClient(tracking_uri=params.tracking.uri)
+    for s, (_, meta) in zip((0, 1), done):
+        assert meta["resumed_from_run"] == first[s]
+        assert client.get_run(meta["mlflow_run_id"]).data.tags.get("resumed_from_run") == first[s]
+    assert client.get_run(first[0]).info.status == "FINISHED"  # closed before the kill, kept as it was
+    assert not ckpt.exists() and not list((tmp_path / "checkpoints").glob("*.mlflow_run_id"))
+
+
+def test_population_size_trains_the_runs_in_several_populations(resources, workspace, tmp_path, monkeypatch):
+    """``train.population_size`` 2 trains three runs as a population of two, then one (each with its own
+    checkpoint, removed when it is done); every run agrees with the same run in one population of three
+    to the population tolerance."""
+    from safetensors.torch import load_file
+
+    from lopd.population import runs
+
+    hp = _hp(workspace, steps=2, checkpoint_every=1, val_every=1)
+    seen = []
+    init = Population.__init__
+
+    def spy(self, res, arm, members, **kw):
+        seen.append(([m.seed for m in members], kw.get("ckpt_dir")))
+        init(self, res, arm, members, **kw)
+    monkeypatch.setattr(Population, "__init__", spy)
+
+    def train(size, root):
+        params = workspace.params(tracking={"experiment": "test-population-runs"}, train={"population_size": size})
+        jobs = [runs.Job(s, hp, root / f"seed-{s}", run_name=f"size-{size}-{s}") for s in (0, 1, 3)]
+        done = runs.run_jobs(params, resources, "sft", jobs, ckpt_dir=root / "ckpt" / "sft")
+        assert [r["seed"] for r, _ in done] == [0, 1, 3]
+        return {s: load_file(root / f"seed-{s}" / "student.safetensors") for s in (0, 1, 3)}
+
+    split = train(2, tmp_path / "split")
+    assert seen == [([0, 1], tmp_path / "split/ckpt/sft-part-0"), ([3], tmp_path / "split/ckpt/sft-part-1")]
+    assert not any((tmp_path / "split" / "ckpt").iterdir())
+    whole = train(None, tmp_path / "whole")
+    assert seen[2] == ([0, 1, 3], tmp_path / "whole/ckpt/sft")
+    for s in (0, 1, 3):
+        a = torch.cat([v.flatten() for _, v in sorted(split[s].items())])
+        b = torch.cat([v.flatten() for _, v in sorted(whole[s].items())])
+        assert float((a - b).norm() / b.norm()) <= 1e-4, f"seed {s}"

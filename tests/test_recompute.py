@@ -77,3 +77,35 @@ def test_recompute_replays_each_layer_with_gradients_only(resources):
     with bb.recompute_in_backward(True):
         pass
     assert all("forward" not in vars(b) for b in blocks), "the per-instance wrapper must be removed on exit"
+
+
+def test_a_population_with_recomputed_context_passes_trains_the_same_runs(resources, workspace):
+    """In a population the replay must also route each row through its member's adapters as the
+    forward did (backward runs after the routing is off): without that, the members' composer LoRA
+    gets no gradient under recompute and this test fails."""
+    from lopd.population.trainer import Member, Population
+
+    def run(recompute: bool):
+        hp = HParams.from_params(workspace.params(), steps=2, val_every=100, margin=0.5,
+                                 recompute_context_passes=recompute)
+        pop = Population(resources, ARMS["lopd"], [Member(hp, s) for s in (0, 3)])
+        for tr in pop.trainers:
+            tr.prepare(resources.train_tasks)
+        init = [[p.detach().clone() for p in tr.bb.adapter_params("composer")] for tr in pop.trainers]
+        rows = [pop.train_step() for _ in range(2)]
+        state = [[p.detach().clone() for p in tr.bb.adapter_params("student") + tr.composer.phi_params()]
+                 for tr in pop.trainers]
+        moved = [any(not torch.equal(a, p.detach()) for a, p in zip(i, tr.bb.adapter_params("composer")))
+                 for i, tr in zip(init, pop.trainers)]
+        return rows, state, moved
+
+    rows_keep, keep, moved = run(False)
+    rows_re, re, _ = run(True)
+    assert all(moved), "a member's composer LoRA did not move: the comparison would not test the replay"
+    for step_keep, step_re in zip(rows_keep, rows_re):
+        for a, b in zip(step_keep, step_re):
+            for k in ("loss", "kd_loss", "delta_phi", "beta"):
+                assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7, nan_ok=True), k
+    for m, (xs, ys) in enumerate(zip(keep, re)):
+        for x, y in zip(xs, ys):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-7, msg=f"member {m} differs under recompute")

@@ -56,6 +56,11 @@ class TrainParams(Section):
         "teacher given c_φ) keep only each decoder layer's input and run the layer again in backward "
         "(activation checkpointing): the same gradients, LOPD's step memory near an SFT step's, one more "
         "forward of those passes in time. On in the real-model profiles; off for the tiny model"))
+    population_size: int | None = Field(ge=1, description=(
+        "the most runs one process trains at once as a population (an arm's seeds; a search batch's trials x "
+        "seeds; a baseline's rates x seeds; the sensitivity grid's points x seeds); the rest train in the next "
+        "population. A memory knob for a real model on one device. null = all of them at once. The runs agree "
+        "with any other grouping to the population tolerances (tests/test_population.py), not to the bit"))
     use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
                                               "(hpo/best_params.yaml); false: from this section")
     per_seed_draws: bool = Field(description=(

@@ -214,8 +214,9 @@ class Backbone:
         A layer that runs with gradients keeps only its inputs; backward runs it again (the same
         kernels on the same inputs, so the same values) and then backpropagates through it. Memory:
         one layer's activations instead of every layer's; time: one more forward of those passes.
-        The replay switches the layer's adapters to the role its forward ran under, because backward
-        runs after the trainer has moved on to other roles. Passes without gradients run unchanged.
+        The replay switches the layer's adapters to the role its forward ran under, and a population's
+        member routing to the rows' members then (:mod:`lopd.model.members`), because backward runs
+        after the trainer has moved on to other roles. Passes without gradients run unchanged.
         """
         if not enabled:
             yield
@@ -235,20 +236,22 @@ class Backbone:
             lora = [p for n, p in block.named_parameters() if "lora_" in n]
 
             @contextmanager
-            def as_role(role: str) -> Iterator[None]:
-                current = self.role
+            def as_run(role: str, routing: tuple) -> Iterator[None]:
+                current, current_routing = self.role, self.routing.state()
                 _switch_role(tuners, lora, self._adapter(role))
+                self.routing.restore(routing)
                 try:
                     yield
                 finally:
+                    self.routing.restore(current_routing)
                     _switch_role(tuners, lora, self._adapter(current))
 
             def recomputed(*args, **kwargs):
                 if not torch.is_grad_enabled():
                     return forward(*args, **kwargs)
-                role = self.role
+                role, routing = self.role, self.routing.state()
                 return checkpoint(forward, *args, use_reentrant=False,
-                                  context_fn=lambda: (nullcontext(), as_role(role)), **kwargs)
+                                  context_fn=lambda: (nullcontext(), as_run(role, routing)), **kwargs)
             return recomputed
 
         shadowed = [vars(block).get("forward") for block in blocks]  # a forward patched onto the instance

@@ -48,6 +48,14 @@ class MemberRouting:
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
 
+    def state(self) -> tuple:
+        """Everything a routed forward reads, to route a replay (activation checkpointing) as the
+        forward was routed."""
+        return self.names, self.mask, self.blocks, self.r, self.dtype, self.device
+
+    def restore(self, state: tuple) -> None:
+        self.names, self.mask, self.blocks, self.r, self.dtype, self.device = state
+
     @property
     def active(self) -> bool:
         return self.names is not None and (self.blocks is not None or self.mask is not None)
@@ -109,11 +117,11 @@ def member_rows(routing: MemberRouting, role: str, member_of_row: torch.Tensor, 
     finish)."""
     if role == "teacher":
         raise ValueError("the teacher runs without adapters: no member routing")
-    prior = (routing.names, routing.mask, routing.blocks, routing.r, routing.dtype, routing.device)
+    prior = routing.state()
     routing.names = [adapter_name(role, i) for i in range(n_members)]
     routing.r, routing.dtype, routing.device = r, dtype, member_of_row.device
     routing.set_rows(member_of_row)
     try:
         yield routing
     finally:
-        routing.names, routing.mask, routing.blocks, routing.r, routing.dtype, routing.device = prior
+        routing.restore(prior)

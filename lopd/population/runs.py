@@ -2,7 +2,8 @@
 
 :func:`run_jobs` is :func:`lopd.training.run.run_arm` for S jobs of one arm: each job gets its own
 MLflow run (named, tagged and parented as alone, :func:`lopd.training.run.open_job`), the members
-train together (:class:`lopd.population.trainer.Population`), every member is validated on all val
+train together (:class:`lopd.population.trainer.Population`; at most ``train.population_size`` at
+once, the rest in the next population), every member is validated on all val
 tasks, and each job's outputs (adapter, composer, ``history.csv``, ``result.json``,
 ``splits_read.json``) are written to its own directory and logged to its run
 (:func:`lopd.training.run.close_job`).
@@ -33,11 +34,32 @@ class Job:
 
 def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str | None = None,
              ckpt_dir: Path | None = None, label: str = "population") -> list[tuple[dict, dict]]:
-    """Train ``jobs`` (all of ``arm_name``) as one population; each job's ``(result, meta)`` as
-    :func:`~lopd.training.run.run_arm` returns it. A failure marks every job's MLflow run FAILED.
-    ``ckpt_dir``: the population's checkpoint (a rerun resumes from it); removed once every job's
-    outputs are written, so a kill while they are written resumes at the last step and writes them
-    again, the same bytes."""
+    """Train ``jobs`` (all of ``arm_name``) as populations of at most ``train.population_size``
+    members (null: one population), one after another; each job's ``(result, meta)`` as
+    :func:`~lopd.training.run.run_arm` returns it, in the order of ``jobs``. ``ckpt_dir``: the
+    population's checkpoint, ``<ckpt_dir>-part-<i>`` for the i-th of several (a rerun resumes from it)."""
+    from lopd.training.run import run_id_file
+
+    size = params.train.population_size or len(jobs)
+    parts = [jobs[i:i + size] for i in range(0, len(jobs), size)]
+    done = []
+    for i, part in enumerate(parts):
+        part_ckpt = ckpt_dir if ckpt_dir is None or len(parts) == 1 else ckpt_dir.with_name(f"{ckpt_dir.name}-part-{i}")
+        part_label = label if len(parts) == 1 else f"{label} ({i + 1}/{len(parts)})"
+        done += _run_population(params, res, arm_name, part, parent_run_id, part_ckpt, part_label)
+    # every output is written: the run-id files are done with. Kept until now, so a kill while outputs
+    # are written, or in a later population, reruns every job linked to its earlier run
+    for j in jobs:
+        if j.rid_key is not None:
+            run_id_file(j.rid_key).unlink(missing_ok=True)
+    return done
+
+
+def _run_population(params, res, arm_name: str, jobs: list[Job], parent_run_id: str | None, ckpt_dir: Path | None,
+                    label: str) -> list[tuple[dict, dict]]:
+    """``jobs`` as one population. A failure marks every job's MLflow run FAILED. ``ckpt_dir`` is
+    removed once every job's outputs are written, so a kill while they are written resumes at the
+    last step and writes them again, the same bytes."""
     from lopd.arms import get_arm
     from lopd.population.trainer import Member, Population
     from lopd.training.run import close_job, open_job
@@ -63,10 +85,10 @@ def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str 
         for o in opened:
             o.tracker.end("FAILED")
         raise
-    done = [close_job(o, tr.res, arm, tr, info, j.out_dir, final=f, final_val=True, ckpt_dir=j.rid_key)
+    done = [close_job(o, tr.res, arm, tr, info, j.out_dir, final=f, final_val=True)
             for j, o, tr, f in zip(jobs, opened, pop.trainers, finals)]
-    if ckpt_dir is not None:
+    if ckpt_dir is not None:  # every member's outputs are written: the checkpoint is done with
         import shutil
 
-        shutil.rmtree(ckpt_dir, ignore_errors=True)  # every output is written: the checkpoint is done with
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     return done

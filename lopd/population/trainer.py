@@ -49,7 +49,7 @@ from lopd.training.trainer import HParams, Resources, StepLoss, Trainer
 # what every member of one population shares (they step, validate and checkpoint together, and
 # their rollouts share one batch)
 SHARED = ("steps", "tasks_per_step", "group_size", "temperature", "val_every", "val_tasks", "val_samples_per_task",
-          "checkpoint_every", "max_new_tokens", "max_len")
+          "checkpoint_every", "max_new_tokens", "max_len", "recompute_context_passes")
 
 
 @dataclass
@@ -98,8 +98,6 @@ class Population:
             values = {getattr(m.hp, name) for m in members}
             if len(values) > 1:
                 raise BadInput(f"the members of one population must share train.{name} (got {sorted(values)})")
-        if any(m.hp.recompute_context_passes for m in members):
-            raise BadInput("train.recompute_context_passes is not supported in a population yet: set it to false")
         self.res, self.arm, self.bb = res, arm, res.bb
         self.ckpt_dir, self.progress = ckpt_dir, progress
         self.n = len(members)
@@ -176,19 +174,22 @@ class Population:
             student = bb.logits(ids, attn, "student")[:, :-1]
         if arm.objective != "kd":
             return [MemberPasses(student[r, :b["ids"].shape[1] - 1]) for r, b in zip(rows, batches)]
-        ctxs = self._contexts(batches)
-        latent = ctxs[0].latent
-        prefix = mask = shift = None
-        if ctxs[0].prefix is not None:
-            P = max(c.prefix.shape[1] for c in ctxs)
-            left = not latent  # a latent prefix is a bag at position 0; text is left-padded, as alone
-            prefix = torch.cat([_pad(c.prefix, P, 0.0, left) for c in ctxs])
-            mask = torch.cat([_pad(c.mask, P, 0, left) for c in ctxs])
-            if not latent:
-                shift = torch.cat([torch.full((c.prefix.shape[0],), P - c.prefix.shape[1], dtype=torch.long)
-                                   for c in ctxs])
-        with torch.set_grad_enabled(latent and arm.train_composer):
-            teacher = bb.teacher_logits(prefix, mask, ids, attn, latent_prefix=latent, prefix_shift=shift)[:, :-1]
+        # the context passes under activation checkpointing, as a run alone (Passes.context_and_teacher)
+        with bb.recompute_in_backward(self.trainers[0].hp.recompute_context_passes):
+            ctxs = self._contexts(batches)
+            latent = ctxs[0].latent
+            prefix = mask = shift = None
+            if ctxs[0].prefix is not None:
+                P = max(c.prefix.shape[1] for c in ctxs)
+                left = not latent  # a latent prefix is a bag at position 0; text is left-padded, as alone
+                prefix = torch.cat([_pad(c.prefix, P, 0.0, left) for c in ctxs])
+                mask = torch.cat([_pad(c.mask, P, 0, left) for c in ctxs])
+                if not latent:
+                    shift = torch.cat([torch.full((c.prefix.shape[0],), P - c.prefix.shape[1], dtype=torch.long)
+                                       for c in ctxs])
+            with torch.set_grad_enabled(latent and arm.train_composer):
+                teacher = bb.teacher_logits(prefix, mask, ids, attn, latent_prefix=latent,
+                                            prefix_shift=shift)[:, :-1]
         return [MemberPasses(student[r, :b["ids"].shape[1] - 1], c, teacher[r, :b["ids"].shape[1] - 1])
                 for r, b, c in zip(rows, batches, ctxs)]
 

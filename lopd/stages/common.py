@@ -44,17 +44,13 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     """Backbone, bank, φ0 and the train/val tasks shared by every run of a process. ``draw=None``: the shared
     draw (``models/bank``, ``models/cold_start``: the search, probe and sensitivity); else that upstream draw
     (``models/draws/bank-<draw>``, ``cold_start-<draw>``: final run of training seed ``draw``)."""
-    from lopd.bank import ExperienceBank
-    from lopd.training.checkpoint import load_tensors_verified
     from lopd.engine.evaluation import make_envs
     from lopd.training.trainer import Resources
 
     bb = load_backbone(params, paths)
     reader = data_mod.SplitReader(paths.splits, role=role)
     train, val = reader.load("train"), reader.load("val")
-    bank_dir, cold_dir = paths.upstream(draw)
-    bank = ExperienceBank.load(bank_dir) if need_bank else None
-    phi0 = load_tensors_verified(cold_dir / "phi0.safetensors") if need_bank else None
+    bank, phi0 = _load_draw(paths, draw) if need_bank else (None, None)
     res = Resources(params=params, bb=bb, bank=bank, train_tasks=train, val_tasks=val, envs=make_envs(params),
                     phi0=phi0, k_max=params.cold_start.k_max)
     if need_bank:
@@ -68,11 +64,17 @@ def with_draw(paths: Paths, res, draw: int):
     backbone only)."""
     from dataclasses import replace
 
+    bank, phi0 = _load_draw(paths, draw)
+    return replace(res, bank=bank, phi0=phi0)
+
+
+def _load_draw(paths: Paths, draw: int | None):
+    """(the experience bank, φ0) of upstream draw ``draw`` (None: the shared draw)."""
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import load_tensors_verified
 
     bank_dir, cold_dir = paths.upstream(draw)
-    return replace(res, bank=ExperienceBank.load(bank_dir), phi0=load_tensors_verified(cold_dir / "phi0.safetensors"))
+    return ExperienceBank.load(bank_dir), load_tensors_verified(cold_dir / "phi0.safetensors")
 
 
 def splits_read() -> list[dict]:

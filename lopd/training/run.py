@@ -55,6 +55,12 @@ class OpenJob:
     t0: float
 
 
+def run_id_file(ckpt_dir: Path) -> Path:
+    """Where a job's MLflow run id is kept while it trains: beside its checkpoint (a checkpoint
+    directory is replaced whole)."""
+    return ckpt_dir.with_name(ckpt_dir.name + ".mlflow_run_id")
+
+
 def open_job(params: Params, arm, seed: int, hp, ckpt_dir: Path | None, tags: dict | None,
              parent_run_id: str | None, is_main: bool, run_name: str | None) -> OpenJob:
     """Start the MLflow run of one job (a run alone or a population member) and log its
@@ -63,8 +69,7 @@ def open_job(params: Params, arm, seed: int, hp, ckpt_dir: Path | None, tags: di
     from lopd.tracking.names import final_run
 
     stale = None
-    # the MLflow run id lives beside the checkpoint (a checkpoint directory is replaced whole)
-    rid = ckpt_dir.with_name(ckpt_dir.name + ".mlflow_run_id") if ckpt_dir is not None else None
+    rid = run_id_file(ckpt_dir) if ckpt_dir is not None else None
     if rid is not None:
         ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
         if rid.exists() and is_main:
@@ -87,7 +92,8 @@ def close_job(job: OpenJob, res, arm, trainer, info: dict, out_dir: Path, *, fin
               final_val: bool, is_main: bool = True, ckpt_dir: Path | None = None) -> tuple[dict, dict]:
     """A trained job's ``(result, meta)``: writes its outputs to ``out_dir`` (``res``: the resources
     its trainer ran on, whose backbone maps its ``student`` role to its adapter), logs them and its
-    final metrics to its MLflow run, ends that run and removes the checkpoint it no longer needs."""
+    final metrics to its MLflow run and ends that run. ``ckpt_dir``: a run alone's checkpoint, removed
+    with its run-id file (a population removes its own once every member is closed)."""
     from lopd import data as data_mod
 
     tracker = job.tracker
@@ -107,8 +113,8 @@ def close_job(job: OpenJob, res, arm, trainer, info: dict, out_dir: Path, *, fin
     tracker.log_metrics({"final/val_reward": final, "final/beta": trainer.beta}, trainer.step)
     tracker.set_tag("infeasible_margin", str(trainer.infeasible).lower())
     tracker.end()
-    if ckpt_dir is not None and is_main:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: its outputs replace the checkpoint
+    if ckpt_dir is not None and is_main:  # the run is complete: its outputs replace the checkpoint
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
         if job.rid is not None:
             job.rid.unlink(missing_ok=True)
     return result, meta
