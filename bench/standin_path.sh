@@ -2,7 +2,7 @@
 # The real-model path end to end on a CPU, with the Qwen3-0.6B-shaped stand-in at toy counts:
 # prepare, base (fingerprint), bank (scripted demonstrations: random weights solve nothing),
 # cold start, one short hpo trial, the seeds' bank and cold-start draws, two train steps of lopd, grpo and
-# opsd_text, evaluate every arm,
+# opsd_text (each arm's seeds as one population, with the profile's activation checkpointing), evaluate every arm,
 # report (marked PATH CHECK, NOT A RESULT). A path check, never a result; not part of `make test`.
 #
 #   bench/standin_path.sh            (builds the stand-in first if models/external/qwen3-0.6b-standin is missing)
@@ -53,8 +53,9 @@ run cold-start
 run hpo
 # the final runs' upstream draws (train.per_seed_draws): seed s of every arm reads bank and cold-start draw s
 for s in $(train_list seeds); do run bank --draw "$s"; run cold-start --draw "$s"; done
-for arm in $arms; do run train --arm "$arm" --seed 0; done
-for arm in $arms; do run evaluate --arm "$arm" --seed 0; done
+# as the stages run them (dvc.yaml): every seed of an arm as one population, then each seed's student on test
+for arm in $arms; do run train --arm "$arm"; done
+for arm in $arms; do run evaluate --arm "$arm"; done
 run report
 head -c 300 reports/falsification.md | grep -q "PATH CHECK, NOT A RESULT" || { echo "report not marked as a path check"; exit 1; }
 echo "stand-in path check completed in $(( $(date +%s) - t_all )) s (stand-in build not included)"

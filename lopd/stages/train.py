@@ -1,6 +1,7 @@
 """Stage ``train@{arm}``: every training seed of one arm (``train.seeds_of(arm)``), the
-validation-selected hyper-parameters, trained as one population (:mod:`lopd.population`); seed
-``s`` reads upstream draw ``s`` (``models/draws/*-s``) and writes ``runs/{arm}/seed-{s}/``.
+validation-selected hyper-parameters, trained as one population (:mod:`lopd.population`; at most
+``train.population_size`` seeds at once); seed ``s`` reads upstream draw ``s`` (``models/draws/*-s``)
+and writes ``runs/{arm}/seed-{s}/``.
 
 ``--seed S`` trains that seed alone (:func:`lopd.training.run.run_arm`: the lean decoder, so its
 numbers differ from the population's in the last bits), to the same directory. A run across
