@@ -27,7 +27,8 @@ population (:func:`lopd.population.points.train_points`). Members of other K and
 contexts to the widest, so this is the case the step bench (one point) does not cover.
 ``--tokens``: the token positions each pass of a LOPD step runs (student, teacher with its latent
 prefix, the composer over the padded retrieved experiences) at the selected point
-(``hpo/best_params.yaml`` when present), means over 8 steps of seed 0.
+(``hpo/best_params.yaml`` when present), means over 8 steps of seed 0; and the composer's positions
+if each retrieved experience ran once per step, or unpadded (neither is built).
 Goal (issue 33): at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
 ``--workdir``: a pipeline directory with ``models/base``, ``models/bank``, ``models/cold_start`` (the
 default is this repo's, else a tiny workspace under ``bench/out/ws``).
@@ -209,15 +210,24 @@ def _tokens(p, steps: int = 8) -> None:
     tr = Trainer(res, ARMS["lopd"], hp, seed=0)
     tr.prepare()
     tot = {"student": 0, "teacher": 0, "composer": 0}
+    # what the composer's pass would run with each retrieved experience once per step (unique), and
+    # without padding (packed): neither is built, these size the saving
+    alt = {"unique padded": 0, "packed": 0, "unique packed": 0}
     for _ in range(steps):
         b = tr._rollout_batch()
         tot["student"] += b["ids"].numel()
         tot["teacher"] += b["ids"].numel() + b["ids"].shape[0] * hp.n_ret * hp.K
         exps = [x for t in b["tasks"] for x in tr.context.experiences_for(t)]
         tot["composer"] += pad_sequences(exps, res.bb.fmt.pad_id, res.bb.device)[0].numel()
+        unique = list(dict.fromkeys(tuple(x) for x in exps))
+        alt["unique padded"] += len(unique) * max(map(len, unique))
+        alt["packed"] += sum(map(len, exps))
+        alt["unique packed"] += sum(map(len, unique))
     share = tot["composer"] / sum(tot.values())
     print(f"K {hp.K}, n_ret {hp.n_ret}: token positions per step " +
           ", ".join(f"{k} {v / steps:.0f}" for k, v in tot.items()) + f"; the composer's share {share:.1%}")
+    print("the composer's positions per step if " +
+          ", ".join(f"{k}: {v / steps:.0f} ({1 - v / tot['composer']:.0%} fewer)" for k, v in alt.items()))
 
 
 if __name__ == "__main__":
