@@ -218,7 +218,7 @@ def test_a_kill_while_the_members_are_closed_reruns_every_member_linked(resource
     monkeypatch.setattr(run_mod, "close_job", killed_after_first_close)
     with pytest.raises(KeyboardInterrupt):
         runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
-    first = {s: (tmp_path / "checkpoints" / f"sft-seed-{s}.mlflow_run_id").read_text().strip() for s in (0, 1)}
+    first = {s: run_mod.run_id_file(j.rid_key).read_text().strip() for s, j in zip((0, 1), jobs())}
     monkeypatch.setattr(run_mod, "close_job", close)
     done = runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
 
@@ -259,6 +259,8 @@ def test_population_size_trains_the_runs_in_several_populations(resources, works
     assert not any((tmp_path / "split" / "ckpt").iterdir())
     whole = train(None, tmp_path / "whole")
     assert seen[2] == ([0, 1, 3], tmp_path / "whole/ckpt/sft")
+    moved = [s for s in (0, 1, 3) if any(not torch.equal(whole[s][k], resources.student_init[k]) for k in whole[s])]
+    assert moved, "no run's adapter moved: the comparison below would be between two initial adapters"
     for s in (0, 1, 3):
         a = torch.cat([v.flatten() for _, v in sorted(split[s].items())])
         b = torch.cat([v.flatten() for _, v in sorted(whole[s].items())])
