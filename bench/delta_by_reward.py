@@ -6,7 +6,7 @@ and domain: which rollouts the outcome weights r(τ) of Δ(φ) let in, and what 
 
 Per (condition, domain, reward): the token mean of δ_t = log π_T(y_t | s_t, c) − log π_S(y_t | s_t)
 over the policy tokens of those rollouts, and how many rollouts. The probe's Δ is the
-r-weighted mean of these rows (lopd.analysis.premise.per_task_delta), so a negative row with r > 0
+r-weighted mean of these rows (lopd.analysis.probe.per_task_delta), so a negative row with r > 0
 pulls it down. Rollouts: the probe's own (lopd.training.cold_start.probe_batch), 2 samples per val task.
 """
 

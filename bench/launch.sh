@@ -24,7 +24,7 @@ t0=$(date +%s.%N)
 t1=$(date +%s.%N)
 copy "$WORK/launch"
 t2=$(date +%s.%N)
-(cd "$WORK/launch" && "$BIN/python" -m lopd.launch.run --num-cpus "$SLOTS" --num-gpus 0 --log-dir "$WORK/logs" > launch.log 2>&1) \
+(cd "$WORK/launch" && "$BIN/python" -m lopd.launch.main --num-cpus "$SLOTS" --num-gpus 0 --log-dir "$WORK/logs" > launch.log 2>&1) \
   || { tail -30 "$WORK/launch/launch.log"; exit 1; }
 t3=$(date +%s.%N)
 echo "smoke matrix, serial dvc repro: $(secs "$t0" "$t1") s"

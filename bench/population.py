@@ -162,7 +162,7 @@ def _search(p, B: int) -> None:
     from lopd.arms import ARMS
     from lopd.paths import Paths
     from lopd.population.points import train_points
-    from lopd.search.study import horizon, space
+    from lopd.hpo.study import horizon, space
     from lopd.stages.common import load_resources
     from lopd.training.trainer import HParams, Trainer
 

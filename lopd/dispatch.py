@@ -104,7 +104,7 @@ def run_in_process(argv: list[str]) -> int:
     from lopd.errors import BadInput, RunFailed
 
     if argv[:1] == ["launch"]:  # the cluster launcher has its own options (lopd launch --help)
-        from lopd.launch.run import main as launch_main
+        from lopd.launch.main import main as launch_main
 
         return launch_main(argv[1:])
     args = parse(argv)

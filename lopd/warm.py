@@ -166,7 +166,7 @@ def run_client(argv: list[str]) -> int:
 LIBRARIES = ("torch", "transformers", "peft", "safetensors.torch", "numpy", "scipy.stats", "optuna", "mlflow",
              "matplotlib")
 OWN_MODULES = ("lopd.dispatch", "lopd.training.trainer", "lopd.model.backbone", "lopd.model.composer", "lopd.bank",
-               "lopd.engine.evaluation", "lopd.training.run", "lopd.search.study", "lopd.training.cold_start", "lopd.training.base_policy",
+               "lopd.engine.evaluation", "lopd.training.run", "lopd.hpo.study", "lopd.training.cold_start", "lopd.training.base_policy",
                "lopd.tracking")
 
 

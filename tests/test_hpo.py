@@ -1,4 +1,4 @@
-"""The search's selection of the best trial through lopd.search.study.write_outputs, on hand-made
+"""The search's selection of the best trial through lopd.hpo.study.write_outputs, on hand-made
 in-memory Optuna studies under the ``best`` tie rule: an exact tie goes to the earliest finished
 trial, FAIL trials are not finished trials (positions count COMPLETE and PRUNED only), a PRUNED trial
 is never selected, and a search with no COMPLETE trial selects nothing.
@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from lopd.errors import RunFailed
-from lopd.search.study import finished_trials, write_outputs
+from lopd.hpo.study import finished_trials, write_outputs
 from tests.conftest import default_params
 
 C, P, F = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL

@@ -34,7 +34,7 @@ GUARDED = [str(BIN / "lopd"), "repro"]  # the guarded repro `make repro` runs
 # and the search journal are side files, not outputs.
 KNOWN_NONDETERMINISTIC: dict[str, list[str] | None] = {}
 # What a search killed inside a trial must reproduce on restart (its sampler is seeded per trial
-# from the number of finished trials, lopd/search/study.py, so the trials after the kill are the same).
+# from the number of finished trials, lopd/hpo/study.py, so the trials after the kill are the same).
 SEARCH_RESTART_OUTPUTS = {"hpo/trials.csv", "hpo/result.json", "reports/figures/sensitivity.png"}
 
 

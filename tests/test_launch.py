@@ -220,7 +220,7 @@ def _make_toy(root: Path, sleep: float = 3.0) -> Path:
 
 
 def _launch_cmd(params: str, log_dir: Path, gpus: int = 4, cpus: int = 4) -> list[str]:
-    return [sys.executable, "-m", "lopd.launch.run", "--params", params, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+    return [sys.executable, "-m", "lopd.launch.main", "--params", params, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
             "--log-dir", str(log_dir)]
 
 
@@ -391,7 +391,7 @@ def _wait_command(log_dir: Path, stage: str, attempt: int, proc: subprocess.Pope
 
 
 def _start_launch(root: Path, log_dir: Path, cluster: Cluster) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "lopd.launch.run", "--address", cluster.address, "--log-dir", str(log_dir)]
+    cmd = [sys.executable, "-m", "lopd.launch.main", "--address", cluster.address, "--log-dir", str(log_dir)]
     return subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -566,7 +566,7 @@ def test_plan_of_the_toy_pipeline(tmp_path):
 
 def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
     from lopd.errors import BadInput
-    from lopd.launch.run import launch, load_launch_params, main
+    from lopd.launch.main import launch, load_launch_params, main
 
     def launch_section(**over):  # the full launch section of params.yaml (the only defaults), changed
         sec = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["launch"]

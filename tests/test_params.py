@@ -363,7 +363,7 @@ def test_nested_and_keyed_sections_are_described_in_errors(tmp_path, capsys, bas
 def test_launch_uses_the_same_error_formatter(tmp_path, base_raw):
     """lopd launch validates only its section, with the same messages (key, allowed keys, description)."""
     from lopd.config import LaunchParams
-    from lopd.launch.run import load_launch_params
+    from lopd.launch.main import load_launch_params
 
     p = _write(tmp_path, _mod(base_raw, **{"launch.max_retry": 1, "launch.keep_worktrees": "yes"}))
     with pytest.raises(BadInput) as ei:

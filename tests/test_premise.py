@@ -23,7 +23,7 @@ import yaml
 from lopd.training.cold_start import cold_start, distill_kl, text_context
 from lopd.model.composer import Composer
 from lopd.model.prefix_policy import PrefixedPolicy
-from lopd.analysis.premise import DELTA_PAIRS, REWARD_PAIRS, compare, per_task_delta, per_task_reward, premise_rule
+from lopd.analysis.probe import DELTA_PAIRS, REWARD_PAIRS, compare, per_task_delta, per_task_reward, premise_rule
 from lopd.model.chat import pad_sequences
 from tests.near_ties import NEAR_TIE, assert_no_near_ties
 

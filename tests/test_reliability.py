@@ -308,7 +308,7 @@ def _study(copy: Path, storage: str):
 
     from lopd.config import load_params
     from lopd.paths import Paths
-    from lopd.search.study import dep_files, make_storage, study_name
+    from lopd.hpo.study import dep_files, make_storage, study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = load_params(str(copy / "params.yaml"))

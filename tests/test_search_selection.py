@@ -1,5 +1,5 @@
-"""The search's selection (lopd.search.selection, lopd.search.study.write_outputs) and its report
-(lopd.analysis.search_report): ties paired over val tasks, the registered tie rule, PRUNED trials,
+"""The search's selection (lopd.hpo.selection, lopd.hpo.study.write_outputs) and its report
+(lopd.analysis.hpo_report): ties paired over val tasks, the registered tie rule, PRUNED trials,
 the boundary flag, and baseline learning rates tuned on validation only."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import yaml
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from lopd.analysis.search_report import render_search, search_metrics
+from lopd.analysis.hpo_report import render_search, search_metrics
 from lopd.errors import RunFailed
-from lopd.search.study import write_outputs
-from lopd.search.selection import TrialScore, paired, select
+from lopd.hpo.study import write_outputs
+from lopd.hpo.selection import TrialScore, paired, select
 from tests.conftest import default_params
 
 SPACE = {"margin": [0.0, 0.05, 0.2, 0.5], "K": [4, 8], "n_ret": [1, 2, 3], "lr_student": [0.001, 0.002]}
@@ -127,7 +127,7 @@ def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_run
     from lopd import data as data_mod
     from lopd.arms import get_arm
     from lopd.stages.common import load_resources
-    from lopd.search.study import tune_baselines
+    from lopd.hpo.study import tune_baselines
     from lopd.training.run import selected_hparams
 
     p = workspace.params(hpo={"baseline_arms": ["sft"], "lr_choices": [0.001, 0.004], "steps": 1, "val_every": 1,

@@ -91,7 +91,7 @@ def test_each_member_of_an_arms_population_reads_its_seeds_draw(workspace, monke
     backbone (loaded once, with the first seed's draw)."""
     import torch
 
-    import lopd.population.runs as runs
+    import lopd.population.jobs as runs
     import lopd.stages.train as train_stage
     from lopd.training.checkpoint import load_tensors_verified
 

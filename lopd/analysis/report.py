@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopd.analysis import audits, dynamics, figures, plotdata, search_report, tables
+from lopd.analysis import audits, dynamics, figures, plotdata, hpo_report, tables
 from lopd.analysis.calibration import NULLS, design_rates
 from lopd.analysis.falsification import Rule, analyse, ci_scope, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
@@ -147,10 +147,10 @@ def build_report(params, root: Path = Path(".")) -> dict:
     write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal),
                                                 ci_scope(params.train.per_seed_draws)))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
-    search = search_report.load_search(root)
-    write_text(out / "search.md", search_report.render_search(search, runs))
+    search = hpo_report.load_search(root)
+    write_text(out / "search.md", hpo_report.render_search(search, runs))
     if search is not None:
-        write_json(out / "metrics" / "search" / "selected.json", search_report.search_metrics(search))
+        write_json(out / "metrics" / "search" / "selected.json", hpo_report.search_metrics(search))
         metric_rows.append("search/selected")
 
     plot_rows = plotdata.write_plot_data(out, root, runs)

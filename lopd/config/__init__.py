@@ -9,7 +9,7 @@ turn :class:`BadInput` into exit status 2 before they write anything.
 One module per group of sections (each section model documents every key with
 ``Field(description=...)``; ``params.yaml`` alone holds the values): :mod:`~lopd.config.shared`
 (model, envs, tracking), :mod:`~lopd.config.stages` (base, evaluate, bank, cold_start, probe),
-:mod:`~lopd.config.train`, :mod:`~lopd.config.search` (hpo, sensitivity),
+:mod:`~lopd.config.train`, :mod:`~lopd.config.hpo` (hpo, sensitivity),
 :mod:`~lopd.config.report`, :mod:`~lopd.config.launch`.
 """
 
@@ -29,7 +29,7 @@ from lopd.config import section as _section
 from lopd.config.launch import LaunchParams, LaunchResources
 from lopd.config.messages import format_validation_error
 from lopd.config.report import DesignParams, ReportParams, RuleParams
-from lopd.config.search import HpoParams, SensitivityParams
+from lopd.config.hpo import HpoParams, SensitivityParams
 from lopd.config.section import Section, record_reads, unrecorded
 from lopd.config.shared import EnvParams, ModelParams, TrackingParams
 from lopd.config.stages import ARMS, BankParams, BaseParams, ColdStartParams, EvalParams, ProbeParams

@@ -1,4 +1,4 @@
-"""The ``launch`` section: ``lopd launch`` (lopd/launch/run.py) runs out-of-date stages as Ray jobs.
+"""The ``launch`` section: ``lopd launch`` (lopd/launch/main.py) runs out-of-date stages as Ray jobs.
 Read by no stage."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class LaunchResources(Section):
 
 
 class LaunchParams(Section):
-    """``lopd launch`` (lopd/launch/run.py): the out-of-date stages as Ray jobs. Read by no stage."""
+    """``lopd launch`` (lopd/launch/main.py): the out-of-date stages as Ray jobs. Read by no stage."""
 
     resources: dict[str, LaunchResources] = Field(
         description="per job, by stage name (the part before '@'); `default` for every stage not listed")

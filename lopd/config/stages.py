@@ -88,7 +88,7 @@ class ColdStartParams(Section):
 
 
 class ProbeParams(Section):
-    """The premise gate (lopd.analysis.premise): rollouts per val task per condition, and the pre-registered rule."""
+    """The premise gate (lopd.analysis.probe): rollouts per val task per condition, and the pre-registered rule."""
 
     samples_per_task: int = Field(ge=1, description="rollouts per val task per condition (relevant, shuffled, "
                                                     "none); common random numbers across conditions")

@@ -1,4 +1,4 @@
-"""The driver of ``lopd launch`` (:mod:`lopd.launch.run`): submits each ready stage as a Ray task,
+"""The driver of ``lopd launch`` (:mod:`lopd.launch.main`): submits each ready stage as a Ray task,
 collects results, retries failures in a fresh worktree, and on an interrupt cancels its jobs and
 waits until every job command this host started is gone."""
 
@@ -18,7 +18,7 @@ CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
 
 
 class Driver:
-    """Submits ready stages, collects results, retries failures (the loop of :func:`lopd.launch.run.launch`)."""
+    """Submits ready stages, collects results, retries failures (the loop of :func:`lopd.launch.main.launch`)."""
 
     def __init__(self, plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, remote, commit: str):
         self.plan, self.lp, self.root, self.wt_root, self.log_dir, self.remote = plan, lp, root, wt_root, log_dir, remote

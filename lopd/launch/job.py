@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from lopd.launch.guard import stop_group
+from lopd.launch.watchdog import stop_group
 
 STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
 POLL_S = 0.2
@@ -90,7 +90,7 @@ def event(path: str | Path, kind: str, **fields) -> None:
 
 
 def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
-    """Run ``cmd`` under :mod:`lopd.launch.guard` in a new process group, output to ``fh``. An
+    """Run ``cmd`` under :mod:`lopd.launch.watchdog` in a new process group, output to ``fh``. An
     interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
     stage command outlives its job. ``on_start`` gets the group id."""
     print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)

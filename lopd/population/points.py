@@ -1,6 +1,6 @@
 """A grid of runs as one population: every point (hyper-parameters) × every seed, on validation.
 
-What the search's trials (:func:`lopd.population.search.train_trials`) and the sensitivity grid need:
+What the search's trials (:func:`lopd.hpo.batches.train_trials`) and the sensitivity grid need:
 train each (point, seed) at the given horizon, validating every ``val_every`` steps, then validate
 every member on all val tasks, as a run alone ends (:func:`lopd.training.run.run_arm`).
 """
@@ -34,7 +34,7 @@ def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int
     import tempfile
     from pathlib import Path
 
-    from lopd.population.runs import Job, run_jobs
+    from lopd.population.jobs import Job, run_jobs
     from lopd.training.trainer import HParams
 
     pending: dict[tuple[int, int], list[float]] = {}

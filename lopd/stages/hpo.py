@@ -13,8 +13,8 @@ from lopd.stages.common import load_resources, splits_read, write_side
 
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
-    from lopd.search.progress import search_progress
-    from lopd.search.study import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
+    from lopd.hpo.progress import search_progress
+    from lopd.hpo.study import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
                                  write_result)
     from lopd.tracking import Tracker
 

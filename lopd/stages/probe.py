@@ -20,7 +20,7 @@ def _track(params: Params, paths: Paths, out: dict) -> None:
 
 
 def run(params: Params, paths: Paths) -> dict:
-    """The premise gate (lopd.analysis.premise) on val at the selected K and n_ret, with φ0."""
+    """The premise gate (lopd.analysis.probe) on val at the selected K and n_ret, with φ0."""
     from lopd.arms import get_arm
     from lopd.training.cold_start import privilege_probe
     from lopd.model.composer import Composer

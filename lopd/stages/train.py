@@ -40,7 +40,7 @@ def _alone(params: Params, paths: Paths, spec, seed: int, world) -> dict:
 
 
 def _population(params: Params, paths: Paths, spec, seeds: list[int]) -> dict:
-    from lopd.population.runs import Job, run_jobs
+    from lopd.population.jobs import Job, run_jobs
     from lopd.training.run import job_hparams
 
     arm, own = spec.name, spec.context != "none"

@@ -21,7 +21,7 @@ pick. The composer starts as a near no-op (zero latents, :mod:`lopd.model.compos
 
 **Privilege probe.** :func:`privilege_probe` measures the teacher under every context condition
 as a policy (rollout reward) and as a scorer of the student's own rollouts (δ), and applies the
-pre-registered rule of :mod:`lopd.analysis.premise`.
+pre-registered rule of :mod:`lopd.analysis.probe`.
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def probe_batch(bb, comp, bank, envs, task_emb, tasks, *, K, n_ret, sample: int,
 def privilege_probe(bb, comp: Composer, bank: ExperienceBank, tasks, envs, task_emb: dict, *, K: int, n_ret: int,
                     pp, ev, max_len: int, progress=None) -> dict:
     """The premise gate on ``tasks`` (val): reward and δ per condition with intervals, and
-    ``premise_holds`` by the rule of :mod:`lopd.analysis.premise` (``pp`` = the ``probe`` params section,
+    ``premise_holds`` by the rule of :mod:`lopd.analysis.probe` (``pp`` = the ``probe`` params section,
     ``ev`` = the ``evaluate`` section: sampling temperature, turn length, batch size)."""
-    from lopd.analysis.premise import (CONDITIONS, DELTA_PAIRS, REWARD_PAIRS, TEACHERS, compare, per_task_delta,
+    from lopd.analysis.probe import (CONDITIONS, DELTA_PAIRS, REWARD_PAIRS, TEACHERS, compare, per_task_delta,
                               per_task_reward, premise_rule)
 
     rollout_kw = dict(max_new_tokens=ev.max_new_tokens, max_len=max_len, greedy=ev.greedy, temperature=ev.temperature)

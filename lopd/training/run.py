@@ -1,7 +1,7 @@
 """One training job: one arm, one seed → ``result.json``, ``history.csv``, ``splits_read.json`` and
 the adapter weights in ``out_dir``. :func:`run_arm` trains one job alone (the train stage);
 :func:`open_job` and :func:`close_job` are its start and end, which a population's members share
-(:mod:`lopd.population.runs`: the search, the baselines' tuning, the sensitivity grid).
+(:mod:`lopd.population.jobs`: the search, the baselines' tuning, the sensitivity grid).
 
 Run ids and timings go to the returned ``meta`` (the caller writes them to a side file), never
 into ``out_dir``: a resumed and an uninterrupted run write byte-identical outputs.

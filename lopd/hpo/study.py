@@ -6,7 +6,7 @@ Objective: the LOPD student's mean reward on the **validation** split at the fin
 sampled ``train.val_samples_per_task`` times with the same sampling seeds in every trial (common
 random numbers). Trials are asked ``hpo.trials_per_batch`` at a time (TPE with ``constant_liar``), and
 a batch's trials × seeds train as one population (:mod:`lopd.population`). Each trial keeps its
-per-task rewards (user attribute ``val_per_task``), so the selection (:mod:`lopd.search.selection`)
+per-task rewards (user attribute ``val_per_task``), so the selection (:mod:`lopd.hpo.selection`)
 compares trials paired by task and applies the tie rule registered in ``hpo.tie_rule``. Intermediate
 validation rewards (a trial's mean over its seeds) feed Optuna's median pruner; a pruned trial's
 members finish with their batch, but the trial keeps no value.
@@ -99,7 +99,7 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
                worker: bool = False, parent_tracker=None, on_batch=None) -> "optuna.Study":  # noqa: F821
     """The search's study, run until ``n_trials`` (default ``hpo.n_trials``) trials are finished,
     ``hpo.trials_per_batch`` trials at a time, each batch's trials × ``hpo.seeds_per_trial`` seeds
-    trained as one population (:func:`lopd.population.search.run_batches`, ``train_trials``).
+    trained as one population (:func:`lopd.hpo.batches.run_batches`, ``train_trials``).
     ``on_batch(study)`` after each batch is told (the stage's progress bar).
 
     The stage's process reseeds the TPE sampler before each batch from the number of finished
@@ -110,7 +110,7 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     then is cut to what the budget has left when it is asked."""
     import optuna
 
-    from lopd.population.search import fail_interrupted, run_batches, train_trials
+    from lopd.hpo.batches import fail_interrupted, run_batches, train_trials
     from lopd.tracking.names import trial_run
 
     hp = params.hpo
@@ -189,7 +189,7 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -
 
 def finished_trials(study) -> list:
     """COMPLETE and PRUNED trials in the order they were created. A FAIL trial is one a killed
-    search left RUNNING (:func:`lopd.population.search.fail_interrupted`; a trial that raises stops the stage): it is
+    search left RUNNING (:func:`lopd.hpo.batches.fail_interrupted`; a trial that raises stops the stage): it is
     not part of the search's result, so outputs number trials by position in this list and a
     resumed search writes what an uninterrupted one would."""
     from optuna.trial import TrialState
@@ -200,10 +200,10 @@ def finished_trials(study) -> list:
 
 def write_outputs(study, out_dir: Path, params) -> dict:
     """``trials.csv`` (every finished trial with its val CI and whether it ties with the best),
-    ``selection.json`` (:func:`lopd.search.selection.select`) and ``best_params.yaml`` (the point the
+    ``selection.json`` (:func:`lopd.hpo.selection.select`) and ``best_params.yaml`` (the point the
     registered tie rule selects, its tie count and the rule)."""
     from lopd.errors import RunFailed
-    from lopd.search.selection import TrialScore, select
+    from lopd.hpo.selection import TrialScore, select
 
     done = finished_trials(study)
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))

@@ -1,4 +1,4 @@
-"""The batched search (:func:`lopd.population.search.run_batches`): a batch killed while it trains
+"""The batched search (:func:`lopd.hpo.batches.run_batches`): a batch killed while it trains
 resumes without losing or duplicating a trial, and ends as an uninterrupted search ends.
 
 The objective is a toy (a function of the point), so these tests exercise the ask/tell bookkeeping,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from lopd.population.search import Outcome, run_batches
+from lopd.hpo.batches import Outcome, run_batches
 
 CHOICES = {"margin": [0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0], "K": [4, 8, 16]}
 
@@ -100,7 +100,7 @@ def test_a_batch_of_trials_scores_each_trial_as_it_scores_alone(resources, works
     """Two trials × two seeds trained as one population: each trial's value and per-task rewards equal
     those of the same runs alone (:func:`lopd.training.run.run_arm`, one seed at a time, the path the
     search took before it trained in batches)."""
-    from lopd.population.search import train_trials
+    from lopd.hpo.batches import train_trials
     from lopd.training.run import run_arm
 
     params = workspace.params()

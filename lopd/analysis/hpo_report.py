@@ -1,7 +1,7 @@
 """``reports/search.md``: what the validation search can tell apart, and what every arm was tuned on.
 
 Reads the hpo stage's outputs only (``hpo/trials.csv``, ``hpo/selection.json``,
-``hpo/baselines.yaml``; the selection logic is :mod:`lopd.search.selection`) and the runs'
+``hpo/baselines.yaml``; the selection logic is :mod:`lopd.hpo.selection`) and the runs'
 ``result.json`` (the hyper-parameters each final run used).
 """
 

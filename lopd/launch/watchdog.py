@@ -1,4 +1,4 @@
-"""``python -m lopd.launch.guard CMD...``: run CMD so that it cannot outlive the job that started it.
+"""``python -m lopd.launch.watchdog CMD...``: run CMD so that it cannot outlive the job that started it.
 
 The guard leads its own process group, runs CMD in that group and waits. If its parent (the Ray
 worker) dies — killed, node lost — it is re-parented; it notices within ``POLL_S`` and stops
@@ -47,7 +47,7 @@ def _stop_own_group(proc: subprocess.Popen) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m lopd.launch.guard CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m lopd.launch.watchdog CMD [ARGS...]", file=sys.stderr)
         return 2
     if os.getpgid(0) != os.getpid():
         os.setpgid(0, 0)
