@@ -21,7 +21,7 @@ first):
 * per stage process: importing MLflow, and the first Tracker (store open, look-ups, run creation),
   fresh and forked from a worker that called :func:`lopd.tracking.preload`.
 
-The target (issue 18) is per-step overhead <= 3 % of training wall time.
+The target is per-step overhead <= 3 % of training wall time.
 """
 
 from __future__ import annotations

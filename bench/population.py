@@ -29,7 +29,7 @@ contexts to the widest, so this is the case the step bench (one point) does not 
 prefix, the composer over the padded retrieved experiences) at the selected point
 (``hpo/best_params.yaml`` when present), means over 8 steps of seed 0; and the composer's positions
 if each retrieved experience ran once per step, or unpadded (neither is built).
-Goal (issue 33): at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
+Goal: at S = 10 the step takes ≤ 3 × the S = 1 step, i.e. each member runs ≥ 3.3× faster.
 ``--workdir``: a pipeline directory with ``models/base``, ``models/bank``, ``models/cold_start`` (the
 default is this repo's, else a tiny workspace under ``bench/out/ws``).
 """

@@ -1,6 +1,6 @@
 """Batched multi-turn rollouts: generated tokens/s and achieved GFLOP/s against the machine's
 measured matmul peak, for the rollout engine (lean forward and Hugging Face forward) and the
-former one-position-per-forward engine (tests/reference_rollout.py); then a sweep of the
+former one-position-per-forward engine (bench/reference_rollout.py); then a sweep of the
 cost per decoding step against model width and depth.
 
     python bench/rollouts.py [--batch 64] [--repeats 5] [--batches 16,64,256] [--no-sweep]
@@ -28,13 +28,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 import time
 
-from _workspace import REPO, rollout_workload, workspace
-
-sys.path.insert(0, str(REPO))  # tests.reference_rollout: the former engine
+from _workspace import rollout_workload, workspace
 
 
 def matmul_peak_gflops(device, repeats: int = 10) -> float:
@@ -191,7 +187,7 @@ def main() -> None:
     import torch
 
     from lopd.engine.rollout import rollout_batch
-    from tests.reference_rollout import rollout_batch as reference_rollout_batch
+    from reference_rollout import rollout_batch as reference_rollout_batch
 
     p, bb, tasks, envs, kw = rollout_workload(args.batch)
     print(f"matmul peak measured on {bb.device.type} with {torch.get_num_threads()} threads, in every repeat")

@@ -7,10 +7,10 @@ SFT step on the same batch.
 Parts (each timed on its own, same batch): rollout; student forward+backward; teacher
 forward (given c_φ); composer forward+backward; tracking (one step's metrics, batched).
 The rollout is also timed with the former one-position-per-forward engine
-(``tests/reference_rollout.py``), interleaved with the current one so both see the same
+(``bench/reference_rollout.py``), interleaved with the current one so both see the same
 machine state. Every part includes scoring (the sandbox's memo is cleared first).
-Goals: whole ≤ 1.3 × sum of parts; LOPD peak memory ≤ 1.5 × SFT's (issue 3); rollout time
-≥ 3× lower than the former engine's (issue 14).
+Goals: whole ≤ 1.3 × sum of parts; LOPD peak memory ≤ 1.5 × SFT's; rollout time
+≥ 3× lower than the former engine's.
 Peak memory is the growth of the process's peak RSS during the step (CPU), or
 ``torch.cuda.max_memory_allocated`` on CUDA, measured in a fresh subprocess per arm.
 """
@@ -24,9 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from _workspace import REPO, child_results, params, workspace
-
-sys.path.insert(0, str(REPO))  # tests.reference_rollout: the former engine
+from _workspace import child_results, params, workspace
 
 
 def _timeit_interleaved(fns: dict, repeats: int) -> dict:
@@ -51,7 +49,7 @@ def timing(repeats: int) -> None:
     from lopd.engine.rollout import collate, rollout_batch
     from lopd.tracking import Tracker
     from lopd.training.trainer import HParams, Trainer
-    from tests.reference_rollout import rollout_batch as former_rollout_batch
+    from reference_rollout import rollout_batch as former_rollout_batch
 
     p = params()
     res = load_resources(p, Paths(Path.cwd()), role="train")
@@ -133,7 +131,6 @@ def peak_memory_child(arm: str) -> None:
     from lopd.stages.common import load_resources
     from lopd.arms import ARMS
     from lopd.training.trainer import HParams, Trainer
-    from tests.reference_rollout import rollout_batch as former_rollout_batch
 
     p = params()
     res = load_resources(p, Paths(Path.cwd()), role="train")

@@ -4,7 +4,7 @@ experience bank, ``bank.seed``, and the cold-started φ0, ``cold_start.seed``) w
     python bench/upstream.py [--draws 3] [--seeds 3] [--steps 96] [--profile FILE] [--base-dir DIR]
                              [--best-params FILE] [--workspace DIR] [--json FILE]
 
-Draw d (0 … draws−1) sets ``bank.seed = cold_start.seed = d`` (as issue 31's table: draws 0, 1, 2) and runs the
+Draw d (0 … draws−1) sets ``bank.seed = cold_start.seed = d`` (draws 0, 1, 2 at the default 3) and runs the
 pipeline's own stages in a workspace ``<workspace>/draw-<d>`` (``lopd bank``, ``lopd cold-start``, then ``lopd
 train`` and ``lopd evaluate`` for lopd, lopd_frozen, lopd_shuffled and lopd_unrelated with training seeds
 0 … seeds−1 at ``train.steps = steps``); base is evaluated once per seed (it uses no draw). The base policy is

@@ -117,9 +117,9 @@ def run_in_process(argv: list[str]) -> int:
         print(f"run failed: {e}", file=sys.stderr)
         return 1
     finally:
-        from lopd.config import _READS
+        from lopd.config import recorded_reads
 
-        _write_record(_READS, args)
+        _write_record(recorded_reads(), args)
 
 
 def _apply_profile(args) -> int:
@@ -165,7 +165,7 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     _check_arm_and_seed(params, args)
     from lopd.lockguard import snapshot_for_stage
 
-    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (issue 16)
+    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (lopd/lockguard.py)
     with _timed(paths, args.cmd):
         _run_stage(stage, params, paths, args)
     return 0
@@ -198,7 +198,7 @@ def _fingerprint(args, start_recording) -> int:
 
     start_recording()
     paths = Paths.for_params(args.params)
-    snapshot_for_stage()  # under DVC: as every stage does (issue 16)
+    snapshot_for_stage()  # under DVC: as every stage does
     with _timed(paths, args.cmd):
         out, fp = write_code_fingerprint(paths.root, args.stage)
     print(f"{args.stage}: {len(fp['files'])} files, sha256 {fp['sha256'][:16]}… -> {os.path.relpath(out, paths.root)}")

@@ -102,7 +102,7 @@ def test_inactive_adapter_gets_no_gradient(resources):
 
 def test_merged_student_equals_adapter_forward(resources, workspace):
     """Evaluation folds the student LoRA into the base weights: same logits as the adapter path."""
-    from lopd.model.backbone import load_student_policy
+    from lopd.model.merged import load_student_policy
 
     bb = resources.bb
     with torch.no_grad():

@@ -5,7 +5,7 @@ is never selected, and a search with no COMPLETE trial selects nothing.
 
 Every trial's per-task val rewards are flat (one value on all 4 tasks), so each paired difference
 has zero spread: two trials are tied exactly when their values are equal (the interval is the point
-difference). The paired tie test and the other tie rules: tests/test_search_selection.py."""
+difference). The paired tie test and the other tie rules: tests/test_hpo_selection.py."""
 
 from __future__ import annotations
 

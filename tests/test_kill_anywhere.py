@@ -1,4 +1,4 @@
-"""Kill anywhere, rerun, same bytes (issue 16): on the smoke profile, SIGKILL the whole process
+"""Kill anywhere, rerun, same bytes: on the smoke profile, SIGKILL the whole process
 group of the guarded ``dvc repro`` (``lopd repro``) inside prepare, base, bank,
 cold_start, hpo, a train, an evaluate and the report, and while DVC rewrites ``dvc.lock`` after
 a stage; rerun after each kill, then until done, and compare with one uninterrupted run:
@@ -30,7 +30,7 @@ from tests.conftest import REPO, copy_repo
 BIN = Path(sys.executable).parent
 GUARDED = [str(BIN / "lopd"), "repro"]  # the guarded repro `make repro` runs
 # Outputs that may differ between two uninterrupted runs: a whole file (None) or the JSON keys that
-# differ. None: every output is a deterministic function of its deps (issue 12); run ids, timings
+# differ. None: every output is a deterministic function of its deps; run ids, timings
 # and the search journal are side files, not outputs.
 KNOWN_NONDETERMINISTIC: dict[str, list[str] | None] = {}
 # What a search killed inside a trial must reproduce on restart (its sampler is seeded per trial

@@ -478,8 +478,8 @@ def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
 
 # ----------------------------------------------------------------------------- the smoke matrix
 
-# Outputs that still hold MLflow run ids or timings (issue 12 makes them deterministic); every
-# other output of the smoke matrix must be byte-identical between `lopd launch` and `dvc repro`.
+# Every output of the smoke matrix must be byte-identical between `lopd launch` and `dvc repro`: none holds
+# MLflow run ids or timings.
 
 
 def _smoke_copy(dst: Path, env: dict) -> Path:

@@ -326,7 +326,7 @@ def test_guarded_repro_recovers_a_lock_torn_while_writing_the_last_entry(project
     torn = "" if cut == "empty" else full[: full.index("  c:\n") + 30]  # killed mid-way through c's entry
     (project / "dvc.lock").write_text(torn)
     plain = _dvc(project, "status")
-    if cut == "empty":  # what users hit without the guard (issue 16)
+    if cut == "empty":  # what users hit without the guard
         assert plain.returncode != 0 and "'./dvc.lock' validation failed" in plain.stderr, plain.stderr
     else:  # DVC reads the torn entry's truncated cmd as a changed command: it would rerun c
         assert plain.returncode == 0 and "changed command" in plain.stdout, plain.stdout + plain.stderr

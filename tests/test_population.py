@@ -1,4 +1,4 @@
-"""A population member's run does not depend on who shares its batch (issue 33, point 2).
+"""A population member's run does not depend on who shares its batch.
 
 Each arm's member (seed 3) is trained alone, by the plain :class:`~lopd.training.trainer.Trainer`,
 and as member 2 of a population of five whose other members differ (other seeds; for LOPD also
@@ -196,7 +196,7 @@ def test_a_kill_while_the_members_are_closed_reruns_every_member_linked(resource
     leaves no checkpoint or run-id file behind."""
     from mlflow.tracking import MlflowClient
 
-    from lopd.population import runs
+    from lopd.population import jobs as pjobs
     from lopd.training import run as run_mod
 
     params = workspace.params(tracking={"experiment": "test-population-runs"})  # apart from the stages' runs
@@ -204,7 +204,7 @@ def test_a_kill_while_the_members_are_closed_reruns_every_member_linked(resource
     ckpt = tmp_path / "checkpoints" / "sft"
 
     def jobs():
-        return [runs.Job(s, hp, tmp_path / "runs" / f"seed-{s}", run_name=f"kill-close-{s}-{tmp_path.name}",
+        return [pjobs.Job(s, hp, tmp_path / "runs" / f"seed-{s}", run_name=f"kill-close-{s}-{tmp_path.name}",
                          rid_key=tmp_path / "checkpoints" / f"sft-seed-{s}") for s in (0, 1)]
 
     close = run_mod.close_job
@@ -217,10 +217,10 @@ def test_a_kill_while_the_members_are_closed_reruns_every_member_linked(resource
         return closed[-1]
     monkeypatch.setattr(run_mod, "close_job", killed_after_first_close)
     with pytest.raises(KeyboardInterrupt):
-        runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
+        pjobs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
     first = {s: run_mod.run_id_file(j.rid_key).read_text().strip() for s, j in zip((0, 1), jobs())}
     monkeypatch.setattr(run_mod, "close_job", close)
-    done = runs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
+    done = pjobs.run_jobs(params, resources, "sft", jobs(), ckpt_dir=ckpt)
 
     client = MlflowClient(tracking_uri=params.tracking.uri)
     for s, (_, meta) in zip((0, 1), done):
@@ -236,7 +236,7 @@ def test_population_size_trains_the_runs_in_several_populations(resources, works
     to the population tolerance."""
     from safetensors.torch import load_file
 
-    from lopd.population import runs
+    from lopd.population import jobs as pjobs
 
     hp = _hp(workspace, steps=2, checkpoint_every=1, val_every=1)
     seen = []
@@ -249,8 +249,8 @@ def test_population_size_trains_the_runs_in_several_populations(resources, works
 
     def train(size, root):
         params = workspace.params(tracking={"experiment": "test-population-runs"}, train={"population_size": size})
-        jobs = [runs.Job(s, hp, root / f"seed-{s}", run_name=f"size-{size}-{s}") for s in (0, 1, 3)]
-        done = runs.run_jobs(params, resources, "sft", jobs, ckpt_dir=root / "ckpt" / "sft")
+        jobs = [pjobs.Job(s, hp, root / f"seed-{s}", run_name=f"size-{size}-{s}") for s in (0, 1, 3)]
+        done = pjobs.run_jobs(params, resources, "sft", jobs, ckpt_dir=root / "ckpt" / "sft")
         assert [r["seed"] for r, _ in done] == [0, 1, 3]
         return {s: load_file(root / f"seed-{s}" / "student.safetensors") for s in (0, 1, 3)}
 

@@ -1,5 +1,5 @@
 """The rollout engine (lopd/engine/rollout.py): greedy token-for-token equivalence with the former
-one-position-per-forward engine (tests/reference_rollout.py), finished sequences leaving
+one-position-per-forward engine (bench/reference_rollout.py), finished sequences leaving
 the batch, one prefill forward per turn, and the ragged cache's positions and masks."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from lopd.engine.kv_cache import RaggedKVCache, full_sequence_plan
 from lopd.engine.rollout import rollout_batch
 from tests import tiny_policy as tp
 from tests.near_ties import assert_no_near_ties
-from tests.reference_rollout import rollout_batch as reference_rollout_batch
+from bench.reference_rollout import rollout_batch as reference_rollout_batch
 
 
 def _fields(r):

@@ -202,10 +202,7 @@ SHARED_DRAW_SCOPE = (
     "**The training seed only.** Every seed of every arm shares one draw of the upstream randomness: the "
     "base policy (`base.seed`), the experience bank (`bank.seed`) and the cold-started composer φ0 "
     "(`cold_start.seed`). The intervals and p-values below describe the spread over training seeds given that "
-    "draw, not over draws. On the earlier 24-step pipeline, three bank and cold-start draws moved the content "
-    "contrasts by about 0.01 (between-draw sd 0.002–0.009 per contrast), as large as the seed-level CI "
-    "half-widths; that spread has not been remeasured at this horizon. A verdict here is a verdict about "
-    "this draw.")
+    "draw, not over draws. A verdict here is a verdict about this draw.")
 PER_SEED_DRAW_SCOPE = (
     "**The training seed and the bank and cold-start draws, not the base draw.** Training seed s of every arm "
     "uses its own experience bank and cold-started composer φ0 (`train.per_seed_draws: true`: draw s, seeded "

@@ -44,7 +44,8 @@ from lopd.errors import BadInput
 from lopd.model.chat import pad_sequences
 from lopd.training.checkpoint import (load_checkpoint, load_trainer_state, prefixed, save_checkpoint,
                                       trainer_state, trainer_tensors)
-from lopd.training.trainer import HParams, Resources, StepLoss, Trainer
+from lopd.training.loop import fit as run_loop
+from lopd.training.trainer import HParams, Resources, Trainer
 
 # what every member of one population shares (they step, validate and checkpoint together, and
 # their rollouts share one batch)
@@ -66,7 +67,7 @@ class Member:
 
 
 class MemberPasses:
-    """A member's slices of the population's batched passes (what :class:`~lopd.training.trainer.Passes`
+    """A member's slices of the population's batched passes (what :class:`~lopd.training.arm_loss.Passes`
     computes for a run alone)."""
 
     def __init__(self, student: torch.Tensor, ctx=None, teacher: torch.Tensor | None = None):
@@ -262,28 +263,6 @@ class Population:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        """Train every member for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
-        hp, trs = self.hp, self.trainers
-        for tr in trs:
-            tr.prepare()
-        resumed = self.restore() if self.arm.trains else 0
-        if self.arm.trains and self.step == 0:
-            for tr, v in zip(trs, self.validate()):
-                tr._record(tr._val_row(0, v))
-        while self.arm.trains and self.step < hp.steps:
-            rows = self.train_step()
-            if self.step % hp.val_every == 0 or self.step == hp.steps:
-                for tr, row, v in zip(trs, rows, self.validate()):
-                    row["val_reward"] = tr.last_val = v
-                    if tr.on_val is not None:
-                        tr.on_val(self.step, row["val_reward"])
-            for tr, row in zip(trs, rows):
-                tr._record(row)
-            if self.progress is not None:
-                self.progress(self.step, rows)
-            if self.step % hp.checkpoint_every == 0 or self.step == hp.steps:
-                self.save()
-        for tr in trs:
-            if tr.tracker is not None:
-                tr.tracker.flush()
-        return {"resumed_from_step": resumed}
+        """Train every member for ``hp.steps`` steps (resuming from the checkpoint if one exists): the
+        one loop (:func:`lopd.training.loop.fit`) with this population as its stepper."""
+        return run_loop(self, self.progress)

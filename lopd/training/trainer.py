@@ -46,7 +46,9 @@ from lopd.model.backbone import Backbone
 from lopd.model.composer import Composer
 from lopd.engine.rollout import collate, rollout_batch
 from lopd.training.checkpoint import restore_trainer, save_trainer
+from lopd.training.arm_loss import OBJECTIVES, Passes, StepLoss
 from lopd.training.context import ContextBuilder
+from lopd.training.loop import Alone, fit as run_loop
 
 HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
                    "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
@@ -114,91 +116,6 @@ class Resources:
     def __post_init__(self):
         if not self.student_init:  # a population member's copy keeps the shared one
             self.student_init = self.bb.adapter_state("student")
-
-
-@dataclass
-class StepLoss:
-    """What an objective contributes to one step: the loss (None: nothing to learn from) and metrics."""
-
-    loss: torch.Tensor | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class Passes:
-    """The forward passes of one step of one run, computed when an objective asks for them.
-
-    A population (:mod:`lopd.population`) hands each member the slices of its batched passes
-    instead (:class:`lopd.population.trainer.MemberPasses`), through the same two methods.
-    """
-
-    def __init__(self, tr: "Trainer", batch: dict):
-        self.tr, self.batch = tr, batch
-
-    def student_logits(self) -> torch.Tensor:
-        """(N, T−1, V): the student's logits at every position that predicts a next token."""
-        b = self.batch
-        return self.tr.bb.logits(b["ids"], b["attn"], "student")[:, :-1]
-
-    def context_and_teacher(self):
-        """(the teacher's context, its logits (N, T−1, V) given that context)."""
-        tr, b = self.tr, self.batch
-        # the passes LOPD adds to an SFT step (composer over the experiences, teacher given c_φ) carry φ's
-        # gradient; recomputing them in backward keeps the step's memory near SFT's at real size
-        with tr.bb.recompute_in_backward(tr.hp.recompute_context_passes):
-            ctx = tr.context.build(b["tasks"])
-            with torch.set_grad_enabled(ctx.latent and tr.arm.train_composer):
-                logits = tr.bb.teacher_logits(ctx.prefix, ctx.mask, b["ids"], b["attn"], latent_prefix=ctx.latent)
-        return ctx, logits[:, :-1]
-
-
-def _sft(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
-    """NLL of the student's own successful rollouts (reward = 1)."""
-    w = (batch["rewards"] >= 1.0).float()
-    if w.sum() == 0:
-        return StepLoss(None)
-    logits = passes.student_logits()
-    return StepLoss(obj.sft_loss(obj.token_logprobs(logits, batch["targets"]), batch["mask"], weights=w))
-
-
-def _grpo(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
-    """Group-normalised advantages, token-level policy-gradient surrogate, no KL."""
-    adv = obj.grpo_advantages(batch["rewards"].view(-1, tr.hp.group_size)).view(-1)
-    if adv.abs().sum() == 0:
-        return StepLoss(None)
-    logits = passes.student_logits()
-    return StepLoss(obj.policy_gradient_loss(obj.token_logprobs(logits, batch["targets"]), adv, batch["mask"]))
-
-
-def _kd(tr: "Trainer", batch: dict, passes: Passes) -> StepLoss:
-    """Reverse KL(π_S ‖ π_T) to the context-conditioned frozen teacher; for a trained φ also the
-    anchor λ‖c_φ − c_φ0‖² and (margin arms) the Lagrangian term β·(m − Δ(φ))."""
-    hp, arm = tr.hp, tr.arm
-    targets, mask, rewards = batch["targets"], batch["mask"], batch["rewards"]
-    student_logits = passes.student_logits()
-    ctx, teacher_logits = passes.context_and_teacher()
-    s_logp = torch.log_softmax(student_logits.float(), -1)
-    t_logp = torch.log_softmax(teacher_logits.float(), -1)
-    kl = obj.reverse_kl_topm_tail(s_logp, t_logp, mask, top_m=hp.top_m, support=hp.support)
-    s_tok = s_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    t_tok = t_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    delta = obj.token_delta(t_tok, s_tok)
-    delta_phi, weight = obj.outcome_weighted_delta(delta, mask, rewards)
-    # every margin arm measures satisfaction against the same m (lopd_nomargin logs it without using it)
-    m = {"kd_loss": float(kl.loss.detach()), "tail_mass": float(kl.tail_mass), "delta_weight": weight,
-         "delta_phi": float(delta_phi.detach()) if weight > 0 else float("nan"),
-         "margin_sat_frac": obj.margin_sat_frac(delta.detach(), mask, hp.margin)}
-    loss = kl.loss
-    if ctx.c_phi is not None:
-        anchor = obj.anchor_loss(ctx.c_phi, ctx.c_phi0, hp.lambda_anchor)
-        m["anchor"] = float(anchor.detach())
-        if arm.train_composer:
-            loss = loss + anchor
-            if arm.margin and weight > 0:
-                loss = loss + obj.margin_penalty(tr.beta, tr.margin, delta_phi)
-    return StepLoss(loss, m)
-
-
-OBJECTIVES: dict[str, Callable[["Trainer", dict, Passes], StepLoss]] = {"sft": _sft, "grpo": _grpo, "kd": _kd}
 
 
 class Trainer:
@@ -414,36 +331,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists)."""
-        hp = self.hp
-        self.prepare()
-        resumed = self.restore() if self.arm.trains else None
-        if self.arm.trains and self.step == 0:
-            self._record(self._val_row(0))
-        while self.arm.trains and self.step < hp.steps:
-            row = self.train_step()
-            if self.step % hp.val_every == 0 or self.step == hp.steps:
-                row["val_reward"] = self.validate()
-                self.last_val = row["val_reward"]
-                if self.on_val is not None:
-                    self.on_val(self.step, row["val_reward"])
-            self._record(row)
-            if self.progress is not None:
-                self.progress(self.step, row)
-            if self.step % hp.checkpoint_every == 0 or self.step == hp.steps:
-                self.save()
-        if self.tracker is not None:
-            self.tracker.flush()
-        return {"resumed_from_step": resumed["step"] if resumed else 0}
+        """Train for ``hp.steps`` steps (resuming from the checkpoint if one exists): the one loop
+        (:func:`lopd.training.loop.fit`) stepping this run alone."""
+        progress = None if self.progress is None else (lambda step, rows: self.progress(step, rows[0]))
+        return run_loop(Alone(self), progress)
 
-    def _val_row(self, step: int, value: float | None = None) -> dict:
-        """The history row of a validation outside a step (step 0): ``value``, one a population
-        already took for this member, else this trainer's own validation."""
-        v = self.validate() if value is None else value
-        self.last_val = v
-        return {"step": step, "rollouts_used": self.rollouts_used, "beta": self.beta, "val_reward": v}
-
-    def _record(self, row: dict) -> None:
+    def record(self, row: dict) -> None:
+        """Append ``row`` to the history (its columns only) and log its metrics to MLflow."""
         row = {k: row.get(k) for k in HISTORY_COLUMNS}
         row["seconds"] = round(row["seconds"], 3) if row.get("seconds") is not None else None
         self.history.append(row)

@@ -1,6 +1,7 @@
-"""The rollout engine as it was before the prefill/ragged-cache rewrite (commit 7b43669),
-kept verbatim as the reference for tests/test_rollout_engine.py's greedy-equivalence test
-and for bench/step.py's before/after figure. Do not edit the function bodies.
+"""The rollout engine before the prefill/ragged-cache rewrite (commit 7b43669), verbatim: the reference
+for tests/test_rollout_engine.py's greedy-equivalence test (imported as ``bench.reference_rollout``) and
+the former engine that bench/step.py and bench/rollouts.py time against the current one. Do not edit the
+function bodies.
 
 It feeds every sequence one position per forward pass from position 0 (prompt and
 observation tokens included), keeps feeding padding to finished sequences, and decides each
