@@ -24,9 +24,10 @@ import numpy as np
 
 from lopd.envs.base import Task
 from lopd.errors import BadInput
-from lopd.utils import atomic_output, atomic_write_text
+from lopd.utils import atomic_output, atomic_write_text, hash_files, verify_files, write_manifest
 
 BANK_MODES = ("relevant", "shuffled", "unrelated", "none")
+BANK_FILES = ("bank.jsonl", "embeddings.npy")  # hashed in manifest.json
 
 
 @dataclass
@@ -135,9 +136,8 @@ class ExperienceBank:
             np.save(f, self.emb)
         manifest = {"n": len(self), "embedder": self.embedder,
                     "by_family": _counts([e.family for e in self.entries]),
-                    "sha256": {n: hashlib.sha256((out_dir / n).read_bytes()).hexdigest()
-                               for n in ("bank.jsonl", "embeddings.npy")}, **(extra or {})}
-        atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+                    "sha256": hash_files(out_dir, BANK_FILES), **(extra or {})}
+        write_manifest(out_dir / "manifest.json", manifest)
         return manifest
 
     @classmethod
@@ -151,12 +151,10 @@ class ExperienceBank:
             hashes, embedder = dict(manifest["sha256"]), manifest["embedder"]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise BadInput(f"experience bank manifest {mpath} is corrupt ({type(e).__name__}: {e})") from None
-        if set(hashes) != {"bank.jsonl", "embeddings.npy"}:
+        if set(hashes) != set(BANK_FILES):
             raise BadInput(f"experience bank manifest {mpath} is corrupt: it must hash bank.jsonl and embeddings.npy")
-        for name, digest in hashes.items():
-            p = out_dir / name
-            if not p.exists() or hashlib.sha256(p.read_bytes()).hexdigest() != digest:
-                raise BadInput(f"experience bank file {p} is missing or corrupt (hash mismatch against {mpath})")
+        verify_files(out_dir, hashes, lambda p, _: f"experience bank file {p} is missing or corrupt (hash mismatch "
+                                                   f"against {mpath})")
         entries = [Experience.from_json(json.loads(line)) for line in (out_dir / "bank.jsonl").read_text().splitlines() if line]
         if not entries:
             raise BadInput(f"experience bank at {out_dir} is empty: the base policy had no successful train "

@@ -27,32 +27,21 @@ pin_kernels()
 from lopd.dispatch import parse, run_in_process  # noqa: E402 - after the kernels are pinned
 
 
-def process_start_time(pid: int | None = None) -> float:
-    """Wall-clock time (epoch s) at which a process started, from /proc; now if unavailable.
-
-    /proc gives the start in clock ticks since boot. The boot's epoch is taken as now minus
-    ``CLOCK_BOOTTIME`` (sub-millisecond), not /proc/stat's ``btime``: that is whole seconds,
-    truncated, and would make every process look up to 1 s older (0.94 s on one machine, i.e.
-    0.94 s of phantom start-up per stage)."""
-    import time
-
-    try:
-        with open(f"/proc/{pid or os.getpid()}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console entry point. Under ``dvc repro`` (and only when called as a command) the stage runs
     in the warm worker; otherwise in this process."""
+    import time
+
     from lopd import warm
+    from lopd.utils import process_start_time
 
     # this process's start, for the start-up figure (a warm child gets it in the client's environment);
     # overwritten, never inherited: a parent that ran lopd in-process (a test) must not lend its own
-    os.environ["LOPD_T0"] = repr(process_start_time())
+    try:
+        t0 = process_start_time()
+    except OSError:  # no /proc: now
+        t0 = None
+    os.environ["LOPD_T0"] = repr(time.time() if t0 is None else t0)
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = parse(args)  # usage errors are reported here, not in the worker
@@ -63,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_in_process(sys.argv[1:] if argv is None else argv)
 
 
-__all__ = ["main", "process_start_time", "run_in_process"]
+__all__ = ["main", "run_in_process"]
 
 
 if __name__ == "__main__":

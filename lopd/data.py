@@ -23,20 +23,12 @@ from typing import Literal
 from lopd.envs import make_env
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
-from lopd.utils import atomic_write_text, content_overlap
+from lopd.utils import atomic_write_text, content_overlap, hash_files, verify_files, write_manifest
 
 SPLITS = ("train", "val", "test")
 Role = Literal["prepare", "base", "bank", "cold_start", "probe", "hpo", "train", "sensitivity", "evaluate", "test"]
 EVAL_ROLE = "evaluate"
 ACCESS_LOG: list[dict] = []
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def content_key(task: Task) -> str:
@@ -109,13 +101,16 @@ def write_splits(out_dir: Path, splits: dict[str, list[Task]], worlds: dict | No
     manifest: dict = {"files": {}}
     if worlds is not None:
         manifest["worlds"] = worlds
+    names = {split: f"{split}.jsonl" for split in splits}
     for split, tasks in splits.items():
-        path = out_dir / f"{split}.jsonl"
-        atomic_write_text(path, "".join(json.dumps(t.to_json(), sort_keys=True) + "\n" for t in tasks))
-        manifest["files"][split] = {"path": path.name, "sha256": sha256_file(path), "n": len(tasks),
+        text = "".join(json.dumps(t.to_json(), sort_keys=True) + "\n" for t in tasks)
+        atomic_write_text(out_dir / names[split], text)
+    hashes = hash_files(out_dir, names.values())
+    for split, tasks in splits.items():
+        manifest["files"][split] = {"path": names[split], "sha256": hashes[names[split]], "n": len(tasks),
                                     "content": [content_key(t) for t in tasks]}
     manifest["content_overlap"] = content_overlap({s: e["content"] for s, e in manifest["files"].items()})
-    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_manifest(out_dir / "manifest.json", manifest)
     return manifest
 
 
@@ -148,14 +143,10 @@ class SplitReader:
         if entry is None:
             raise BadInput(f"split {split!r} missing from manifest {self.root / 'manifest.json'}")
         path = self.root / entry["path"]
-        if not path.exists():
-            raise BadInput(f"split file missing: {path}")
-        digest = sha256_file(path)
-        if digest != entry["sha256"]:
-            raise BadInput(
-                f"split file {path} is corrupt: sha256 {digest[:12]}… does not match the manifest's "
-                f"{entry['sha256'][:12]}… (rerun prepare: dvc repro -f prepare)"
-            )
+        digest = verify_files(self.root, {entry["path"]: entry["sha256"]}, lambda p, got: (
+            f"split file missing: {p}" if got is None else
+            f"split file {p} is corrupt: sha256 {got[:12]}… does not match the manifest's "
+            f"{entry['sha256'][:12]}… (rerun prepare: dvc repro -f prepare)"))[entry["path"]]
         tasks = [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
         self._check_worlds(split, tasks)
         ACCESS_LOG.append({"split": split, "role": self.role, "sha256": digest})

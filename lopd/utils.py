@@ -1,4 +1,5 @@
-"""Small shared helpers, written once: atomic file writes, JSON reading and cleaning, hashing, tables.
+"""Small shared helpers, written once: atomic file writes, JSON reading and cleaning, file hashes and
+manifests of them, the directory swap, code fingerprints, tables, process start times.
 
 No torch or numpy: every layer may use it, the launcher and the report included."""
 
@@ -12,7 +13,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from lopd.errors import BadInput
 
@@ -82,6 +83,8 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks: the one file hash of every manifest,
+    checkpoint, weights file and code fingerprint."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -98,6 +101,49 @@ def sha256_path(path: str | Path) -> str:
         items = [(str(p.relative_to(path)), sha256_file(p)) for p in sorted(path.rglob("*")) if p.is_file()]
         return hashlib.sha256(json.dumps(items).encode()).hexdigest()
     return "missing"
+
+
+# --------------------------------------------------------------------------- manifests of file hashes
+def hash_files(root: str | Path, names: Iterable[str]) -> dict[str, str]:
+    """``{name: SHA-256 of root/name}`` in the order of ``names``: the hash table a manifest records for
+    the files just written beside it (splits, experience bank, checkpoints)."""
+    return {name: sha256_file(Path(root) / name) for name in names}
+
+
+def write_manifest(path: str | Path, manifest: dict, *, sort_keys: bool = True, end: str = "\n") -> None:
+    """Write a manifest atomically as JSON indented by 2: sorted keys and a final newline (splits,
+    experience bank), or ``sort_keys=False, end=""`` (a checkpoint's ``meta.json``)."""
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=sort_keys) + end)
+
+
+def verify_files(root: str | Path, hashes: dict[str, str],
+                 problem: Callable[[Path, str | None], str]) -> dict[str, str]:
+    """Check each file ``root/name`` against its SHA-256 in ``hashes`` (a manifest's table, as
+    :func:`hash_files` made it), in order. The first file missing or not matching is bad input with the
+    message ``problem(path, digest)`` (``digest`` is ``None`` for a missing file). Returns the digests."""
+    root, digests = Path(root), {}
+    for name, expected in hashes.items():
+        path = root / name
+        digest = sha256_file(path) if path.exists() else None
+        if digest is None or digest != expected:
+            raise BadInput(problem(path, digest))
+        digests[name] = digest
+    return digests
+
+
+def swap_dir(new: str | Path, dest: str | Path) -> None:
+    """Put the directory ``new`` (complete, beside ``dest``) in ``dest``'s place: the current ``dest``, if
+    any, is renamed aside to ``<dest>.old``, ``new`` renamed to ``dest``, then the old one removed. A kill
+    leaves ``dest`` whole, or the previous one as ``<dest>.old`` and ``new`` beside it."""
+    import shutil
+
+    new, dest = Path(new), Path(dest)
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- code fingerprints
@@ -252,21 +298,39 @@ def progress():
                     TextColumn("{task.fields[info]}"), transient=False)
 
 
+def process_start_time(pid: int | None = None) -> float | None:
+    """Wall-clock time (epoch s) at which process ``pid`` (default: this one) started, to the clock tick;
+    ``None`` if no such process runs (gone, or a zombie: dead, not yet reaped by its parent). Raises
+    ``OSError`` where /proc cannot tell.
+
+    /proc gives the start in clock ticks since boot. The boot's epoch is taken as now minus
+    ``CLOCK_BOOTTIME`` (sub-millisecond), not /proc/stat's ``btime`` (which psutil's ``create_time``
+    adds): that is whole seconds, truncated, and would make every process look up to 1 s older."""
+    import time
+
+    stat = f"/proc/{os.getpid() if pid is None else pid}/stat"
+    try:
+        with open(stat) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            return None
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except (IndexError, ValueError, AttributeError) as e:
+        raise OSError(f"{stat}: cannot read a start time ({type(e).__name__}: {e})") from None
+
+
 def pid_started_before(pid: int, t: float) -> bool:
     """Whether process ``pid`` is alive and was started before time ``t`` (epoch s), i.e. may be the
     process that wrote something at ``t`` (a reused pid started later is not). In doubt, yes: a live
     holder's lock or run is never taken from it."""
-    import psutil  # a DVC dependency
-
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by its parent
-            return False
-        return proc.create_time() <= t + 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
+        start = process_start_time(pid)
+    except OSError:
         return True
+    return start is not None and start <= t + 1.0
 
 
 def content_overlap(hashes: dict[str, list[str]]) -> dict:

@@ -278,7 +278,7 @@ def test_probe_stage_uses_the_selected_k_and_n_ret(workspace, probe_dir, monkeyp
     val as role "probe"; never test)."""
     from lopd import data as data_mod
     from lopd.cli import main
-    from lopd.data import sha256_file
+    from lopd.utils import sha256_file
 
     # min_margin 1: a reward difference is at most 1, so lo(R_relevant - R_x) > 1 cannot hold and
     # the gate must fail on both reward checks, whatever the tiny model does

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from lopd import data as data_mod
-from lopd.data import SPLITS, SplitReader, generate_splits, sha256_file, write_splits
+from lopd.data import SPLITS, SplitReader, generate_splits, write_splits
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
+from lopd.utils import sha256_file
 from tests.conftest import default_params  # noqa: E402
 
 COUNTS = {"train": 12, "val": 6, "test": 8}

@@ -71,12 +71,12 @@ def test_runs_of_dead_processes_on_this_host_are_marked_killed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that existed and is gone
     client = MlflowClient(tracking_uri=uri)
-    exp_id = tracking._experiment_id(client, uri, params.tracking.experiment)
+    exp_id = tracking.experiment_id(client, uri, params.tracking.experiment)
     host = socket.gethostname()
     runs = {name: client.create_run(exp_id, run_name=name, tags={tracking.HOST_TAG: h, tracking.PID_TAG: str(pid)})
             .info.run_id for name, h, pid in [("killed", host, dead.pid), ("live", host, 1),
                                               ("elsewhere", "another-host", dead.pid)]}
-    tracking._SWEPT.clear()
+    tracking.SWEPT.clear()
     t = tracking.Tracker(params, "next-stage", {"stage": "test"})
     assert t.ok, t.status
     status = {name: client.get_run(rid).info.status for name, rid in runs.items()}

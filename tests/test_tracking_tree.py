@@ -34,7 +34,7 @@ def make_params(tmp_path, monkeypatch, empty_store):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    for cache in (tracking._PARENTS, tracking._EXPERIMENT_IDS):
+    for cache in (tracking.PARENTS, tracking.EXPERIMENT_IDS):
         cache.clear()
 
     def make(uri: str | None = None, **tracking_over) -> Params:
@@ -48,7 +48,7 @@ def _new_process():
     """What a fresh stage process would not have: this process's cached parent look-up."""
     from lopd import tracking
 
-    tracking._PARENTS.clear()
+    tracking.PARENTS.clear()
 
 
 def _runs(params) -> list:

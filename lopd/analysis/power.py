@@ -16,7 +16,7 @@ import math
 import numpy as np
 from scipy import optimize, stats
 
-from lopd.analysis.stats import _as_1d, _check_alternative, _check_prob, min_sign_flip_p, t_test
+from lopd.analysis.stats import as_1d, check_alternative, check_prob, min_sign_flip_p, t_test
 
 
 def _power_es(effect_size, n, alpha: float, alternative: str):
@@ -33,9 +33,9 @@ def _power_es(effect_size, n, alpha: float, alternative: str):
 
 
 def _check_design(alpha, power=None, alternative="greater"):
-    _check_prob(alpha, "alpha")
-    _check_alternative(alternative)
-    if power is not None and _check_prob(power, "power") <= alpha:
+    check_prob(alpha, "alpha")
+    check_alternative(alternative)
+    if power is not None and check_prob(power, "power") <= alpha:
         raise ValueError(f"power ({power}) must exceed alpha ({alpha})")
 
 
@@ -95,7 +95,7 @@ def joint_power(mean, cov, n: int, *, alpha: float = 0.05, n_sim: int = 4000, se
     """P(every one-sided paired t-test rejects at α) for k contrasts whose per-seed values are
     multivariate normal with ``mean`` (k,) and covariance ``cov`` (k × k), n seeds: the power of an
     intersection–union rule, by simulating ``n_sim`` experiments from ``default_rng(seed)``."""
-    mu = _as_1d(mean, "mean")
+    mu = as_1d(mean, "mean")
     sigma = np.atleast_2d(np.asarray(cov, dtype=float))
     if sigma.shape != (mu.size, mu.size) or not np.all(np.isfinite(sigma)):
         raise ValueError(f"cov must be a finite {mu.size}×{mu.size} matrix, got shape {sigma.shape}")
@@ -112,7 +112,7 @@ def joint_seeds_needed(mean, cov, *, alpha: float = 0.05, power: float = 0.8, ma
     """Smallest n ≤ ``max_n`` with :func:`joint_power` ≥ ``power`` and :func:`min_sign_flip_p` < α, by
     bisection (the power grows with n). None when some contrast has mean ≤ 0 (its one-sided test then has
     power ≤ α) or ``max_n`` seeds are not enough."""
-    if np.any(_as_1d(mean, "mean") <= 0):
+    if np.any(as_1d(mean, "mean") <= 0):
         return None
     lo = next(n for n in range(2, 64) if min_sign_flip_p(n) < alpha)
 

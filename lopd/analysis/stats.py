@@ -37,7 +37,7 @@ ALTERNATIVES = ("two-sided", "greater", "less")
 DESCRIPTIVE_CONFIDENCE = 0.95
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- validation (also lopd.analysis.power's)
 def _as_array(x, name: str, *, min_n: int = 1) -> np.ndarray:
     """Finite float array with at least one axis and at least ``min_n`` entries on the last one."""
     try:
@@ -51,21 +51,24 @@ def _as_array(x, name: str, *, min_n: int = 1) -> np.ndarray:
     return arr
 
 
-def _as_1d(x, name: str) -> np.ndarray:
+def as_1d(x, name: str) -> np.ndarray:
+    """A finite 1-d float array of at least one value, else ValueError naming ``name``."""
     arr = _as_array(x, name)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
     return arr
 
 
-def _check_prob(value: float, name: str) -> float:
+def check_prob(value: float, name: str) -> float:
+    """``value`` as a float strictly between 0 and 1, else ValueError naming ``name``."""
     value = float(value)
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be strictly between 0 and 1, got {value}")
     return value
 
 
-def _check_alternative(alternative: str) -> str:
+def check_alternative(alternative: str) -> str:
+    """``alternative`` if it is one of :data:`ALTERNATIVES`, else ValueError."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
     return alternative
@@ -84,8 +87,8 @@ def summarize(x: Sequence[float], *, confidence: float = 0.95) -> dict:
     ``mean ± t_{(1+c)/2, n-1}·std/√n`` (``ci_low``, ``ci_high``, ``ci_half``) and ``iqm``
     (``scipy.stats.trim_mean(x, 0.25)``: the mean after cutting ⌊n/4⌋ values from each end).
     n = 1: std and interval are nan; constant input: a zero-width interval."""
-    arr = _as_1d(x, "x")
-    confidence = _check_prob(confidence, "confidence")
+    arr = as_1d(x, "x")
+    confidence = check_prob(confidence, "confidence")
     n, mean = arr.size, float(np.mean(arr))
     std = lo = hi = math.nan
     if n >= 2:
@@ -107,8 +110,8 @@ def t_test(d, *, alternative: str = "two-sided", confidence: float = 0.95) -> di
     one-sided bound at level ``confidence``). Degenerate rows: n < 2 gives nan; zero spread gives
     t = ±inf (p = 0 in the matching direction, 1 otherwise) or, for d ≡ 0, t = 0 and p = 1."""
     d = _as_array(d, "d")
-    _check_alternative(alternative)
-    confidence = _check_prob(confidence, "confidence")
+    check_alternative(alternative)
+    confidence = check_prob(confidence, "confidence")
     n = d.shape[-1]
     mean = d.mean(axis=-1)
     if n < 2:
@@ -172,7 +175,7 @@ def sign_flip_p(a, b=None, *, alternative: str = "two-sided", n_mc: int = MC_SIG
     ``default_rng(seed)``, p = (1 + hits)/(1 + n_mc). d ≡ 0 gives p = 1. ``b=None`` tests ``a`` itself.
     Vectorised over leading axes: returns an array of p-values, or a float for 1-d input."""
     d = _as_array(a, "a") if b is None else _paired(a, b)
-    _check_alternative(alternative)
+    check_alternative(alternative)
     if int(n_mc) != n_mc or n_mc < 1:
         raise ValueError(f"n_mc must be a positive integer, got {n_mc}")
     n = d.shape[-1]
@@ -201,7 +204,7 @@ def sign_flip_p(a, b=None, *, alternative: str = "two-sided", n_mc: int = MC_SIG
 def min_sign_flip_p(n: int, *, alternative: str = "greater", n_mc: int = MC_SIGN_FLIPS) -> float:
     """Smallest p-value :func:`sign_flip_p` can return with n pairs: 1/2**n one-sided, 2/2**n two-sided
     (exact, n ≤ 20), 1/(1 + n_mc) above; 1 for n < 1. If this is not below α the test cannot reject."""
-    _check_alternative(alternative)
+    check_alternative(alternative)
     if n < 1:
         return 1.0
     if n > EXACT_SIGN_FLIP_MAX_N:
@@ -222,7 +225,7 @@ def hierarchical_bootstrap_ci(contrast, *, strata=None, n_boot: int = 5000, conf
     c = _as_array(contrast, "contrast")
     if c.ndim != 2:
         raise ValueError(f"contrast must be (seeds × tasks), got shape {c.shape}")
-    confidence = _check_prob(confidence, "confidence")
+    confidence = check_prob(confidence, "confidence")
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"n_boot must be a positive integer, got {n_boot}")
     labels = (np.zeros(c.shape[1], dtype=int) if strata is None
@@ -257,7 +260,7 @@ def percentile_interval(boots, confidence: float, *, outer_order_statistics: boo
     ``outer_order_statistics``: the order statistics b₍⌊q_lo·(B−1)⌋₎ and b₍⌈q_hi·(B−1)⌉₎ of the sorted
     resamples, never inside the interpolated interval and defined for non-finite statistics (+inf,
     e.g. a target never reached, sorts last, so the bound reads "not reached")."""
-    confidence = _check_prob(confidence, "confidence")
+    confidence = check_prob(confidence, "confidence")
     q_lo, q_hi = (1 - confidence) / 2, (1 + confidence) / 2
     if not outer_order_statistics:
         lo, hi = np.quantile(boots, [q_lo, q_hi])
@@ -269,7 +272,7 @@ def percentile_interval(boots, confidence: float, *, outer_order_statistics: boo
 def holm(pvals: Sequence[float]) -> list[float]:
     """Holm–Bonferroni adjusted p-values in input order: with p_(1) ≤ … ≤ p_(m),
     adj_(i) = min(1, max_{j ≤ i} (m − j + 1)·p_(j)). Reject H_i at α iff adj_i ≤ α."""
-    p = _as_1d(pvals, "pvals")
+    p = as_1d(pvals, "pvals")
     if np.any((p < 0.0) | (p > 1.0)):
         raise ValueError("pvals must lie in [0, 1]")
     m = p.size
@@ -282,7 +285,7 @@ def holm(pvals: Sequence[float]) -> list[float]:
 def prob_improvement(a: Sequence[float], b: Sequence[float]) -> float:
     """P(X_a > X_b) + ½·P(X_a = X_b), X_a and X_b drawn independently from the samples (all pairs, no
     pairing by seed): the Mann–Whitney U statistic of ``a`` over len(a)·len(b). 0.5 = no difference."""
-    aa, bb = _as_1d(a, "a"), _as_1d(b, "b")
+    aa, bb = as_1d(a, "a"), as_1d(b, "b")
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # only U is used; the p-value machinery warns on tiny samples
         u = stats.mannwhitneyu(aa, bb, alternative="two-sided", method="asymptotic").statistic
@@ -304,7 +307,7 @@ def eval_noise_share(samples, *, weights=None) -> dict:
     if x.ndim != 3 or x.shape[0] < 2 or x.shape[2] < 2:
         raise ValueError(f"samples must be (seeds ≥ 2) × tasks × (K ≥ 2 samples), got shape {x.shape}")
     k, t = x.shape[2], x.shape[1]
-    w = np.full(t, 1.0 / t) if weights is None else _as_1d(weights, "weights")
+    w = np.full(t, 1.0 / t) if weights is None else as_1d(weights, "weights")
     if w.shape != (t,) or abs(w.sum() - 1.0) > 1e-9 or np.any(w < 0):
         raise ValueError("weights must be one non-negative weight per task, summing to 1")
     m = (x.mean(axis=2) * w).sum(axis=1)

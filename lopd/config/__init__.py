@@ -30,7 +30,7 @@ from lopd.config.launch import LaunchParams, LaunchResources
 from lopd.config.messages import format_validation_error
 from lopd.config.report import DesignParams, ReportParams, RuleParams
 from lopd.config.hpo import HpoParams, SensitivityParams
-from lopd.config.section import Section, record_reads, unrecorded
+from lopd.config.section import Section, record_reads, recorded_reads, unrecorded
 from lopd.config.shared import EnvParams, ModelParams, TrackingParams
 from lopd.config.stages import ARMS, BankParams, BaseParams, ColdStartParams, EvalParams, ProbeParams
 from lopd.config.train import TrainParams
@@ -39,14 +39,8 @@ from lopd.errors import BadInput
 __all__ = ["ARMS", "BankParams", "BaseParams", "ColdStartParams", "DesignParams", "EnvParams", "EvalParams",
            "HpoParams", "LaunchParams", "LaunchResources", "ModelParams", "Params", "ProbeParams", "ReportParams",
            "RuleParams", "Section", "SensitivityParams", "TrackingParams", "TrainParams", "deep_merge",
-           "format_params_error", "load_params", "parse_params", "read_yaml_mapping", "record_reads", "unrecorded"]
-
-
-def __getattr__(name: str):
-    # the live read-recording set (lopd.cli reads it after a stage): it is rebound in lopd.config.section
-    if name == "_READS":
-        return _section.READS
-    raise AttributeError(f"module 'lopd.config' has no attribute {name!r}")
+           "format_params_error", "load_params", "parse_params", "read_yaml_mapping", "record_reads", "recorded_reads",
+           "unrecorded"]
 
 
 class Params(Section):

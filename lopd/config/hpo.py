@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from lopd.arms import ARMS as ARM_REGISTRY
-from lopd.config.section import Section
+from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Section
 
 
 class HpoParams(Section):
@@ -16,14 +16,15 @@ class HpoParams(Section):
     n_trials: int = Field(ge=1, description="search trials in all (a rerun with more resumes the study)")
     seed: int = Field(ge=0, description="seed of the TPE sampler")
     study_name: str = Field(description="Optuna study name in the journal file")
-    margin_choices: list[float] = Field(description="margins m searched (nats per token, ≥ 0)")
-    k_choices: list[int] = Field(description="K searched: latent tokens per experience (each ≤ cold_start.k_max)")
+    margin_choices: DistinctList[float, Bound(ge=0)] = Field(description="margins m searched (nats per token, ≥ 0)")
+    k_choices: DistinctList[int, Bound(ge=1)] = Field(description="K searched: latent tokens per experience "
+                                                                 "(each ≤ cold_start.k_max)")
     n_ret_min: int = Field(ge=1, description="smallest n_ret searched (retrieved experiences per task)")
     n_ret_max: int = Field(ge=1, description="largest n_ret searched (≤ cold_start.n_ret_max)")
-    lr_choices: list[float] = Field(description="student learning rates: searched for LOPD, chosen for each "
-                                                "baseline arm")
-    baseline_arms: list[str] = Field(description="training arms whose learning rate is tuned on val over "
-                                                 "lr_choices like the method's")
+    lr_choices: DistinctList[float, Bound(gt=0)] = Field(description="student learning rates: searched for LOPD, "
+                                                                    "chosen for each baseline arm")
+    baseline_arms: DistinctOrEmptyList[str] = Field(description="training arms whose learning rate is tuned on val "
+                                                                "over lr_choices like the method's")
     tie_rule: Literal["best", "median_margin", "smallest_margin"] = Field(
         description="registered before the search: among trials tied with the best (paired val difference "
                     "whose (1 − tie_alpha) t-interval holds 0), take the best, the median margin or the smallest")
@@ -35,33 +36,12 @@ class HpoParams(Section):
                                                 "runs' horizon)")
     val_every: int = Field(ge=1, description="steps between intermediate val rewards (they feed the median pruner)")
 
-    @field_validator("lr_choices")
-    @classmethod
-    def _lrs(cls, v):
-        if not v or any(x <= 0 for x in v) or len(set(v)) != len(v):
-            raise ValueError(f"hpo.lr_choices must be distinct learning rates > 0, got {v}")
-        return v
-
     @field_validator("baseline_arms")
     @classmethod
     def _baselines(cls, v):
         bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
-        if bad or len(set(v)) != len(v):
-            raise ValueError(f"hpo.baseline_arms must be distinct training arms, got {v}")
-        return v
-
-    @field_validator("margin_choices")
-    @classmethod
-    def _margins(cls, v):
-        if not v or any(m < 0 for m in v):
-            raise ValueError(f"hpo.margin_choices must be non-empty and >= 0, got {v}")
-        return v
-
-    @field_validator("k_choices")
-    @classmethod
-    def _ks(cls, v):
-        if not v or any(k < 1 for k in v):
-            raise ValueError(f"hpo.k_choices must be non-empty integers >= 1, got {v}")
+        if bad:
+            raise ValueError(f"hpo.baseline_arms must be training arms; not training arms: {bad}")
         return v
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from lopd.config.section import Section
+from lopd.config.section import DistinctList, Section
 from lopd.config.stages import ARMS
 
 
@@ -13,8 +13,8 @@ class RuleParams(Section):
 
     text: str = Field(description="the rule as registered, rendered before any number")
     treatment: str = Field(description="the arm whose claim is tested")
-    gain_over: list[str] = Field(description="part (i): the treatment must beat each of these arms")
-    content_controls: list[str] = Field(description="part (ii): and each of these content controls")
+    gain_over: DistinctList[str] = Field(description="part (i): the treatment must beat each of these arms")
+    content_controls: DistinctList[str] = Field(description="part (ii): and each of these content controls")
     rho: float | None = Field(gt=0, lt=1, description="smallest effect of interest in (0, 1): a content test "
                                                       "asks (treatment − control) > rho·(treatment − rho_baseline); "
                                                       "null = off")
@@ -27,10 +27,9 @@ class RuleParams(Section):
         if unknown:
             raise ValueError(f"report.rule names unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
         others = [*self.gain_over, *self.content_controls]
-        if not self.gain_over or not self.content_controls or len(set(others)) != len(others) \
-                or self.treatment in others:
-            raise ValueError("report.rule: gain_over and content_controls must be non-empty, without "
-                             "duplicates, and must not contain the treatment arm")
+        if len(set(others)) != len(others) or self.treatment in others:
+            raise ValueError("report.rule: gain_over and content_controls must not share an arm, and must not "
+                             "contain the treatment arm")
         return self
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from lopd.config.section import Section
+from lopd.config.section import DistinctList, Section
 
 
 class ModelParams(Section):
@@ -45,7 +45,7 @@ class ModelParams(Section):
 class EnvParams(Section):
     """Task generation (the prepare stage) and the worlds the tasks live in (lopd.envs.base.WorldConfig)."""
 
-    domains: list[Literal["tool", "code"]] = Field(description="task domains trained and evaluated on "
+    domains: DistinctList[Literal["tool", "code"]] = Field(description="task domains trained and evaluated on "
                                                                "(non-empty, no duplicates)")
     tool_families: list[Literal["inventory", "bank", "thermo", "ticket"]] = Field(
         description="tool-use task families drawn from in the tool domain")
@@ -67,13 +67,6 @@ class EnvParams(Section):
                                                    "nothing hidden to retrieve")
     null_world: bool = Field(description="true: every target task draws its conventions afresh, so retrieved "
                                          "experience carries nothing (calibration)")
-
-    @field_validator("domains")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v or len(set(v)) != len(v):
-            raise ValueError("envs.domains must be a non-empty list without duplicates; allowed: tool, code")
-        return v
 
 
 class TrackingParams(Section):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lopd.config.section import Section
+from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Section
 from lopd.config.stages import ARMS
 
 
@@ -14,12 +14,13 @@ class TrainParams(Section):
     """The final runs (stages train@{arm}, evaluate@{arm}: every seed of an arm in one process) and the
     shared training loop's knobs (lopd.training.trainer)."""
 
-    arms: list[str] = Field(description="arms run with every seed of train.seeds (lopd.arms)")
-    seeds: list[int] = Field(description="training seeds of every arm (runs/{arm}/seed-{seed})")
+    arms: DistinctList[str] = Field(description="arms run with every seed of train.seeds (lopd.arms)")
+    seeds: DistinctList[int, Bound(ge=0)] = Field(description="training seeds of every arm (runs/{arm}/seed-{seed})")
     # more seeds for some arms: the falsification rule's arms need >= 10 seeds, the other arms fewer
-    extra_arms: list[str] = Field(description="arms of train.arms that also run train.extra_seeds (the "
-                                              "falsification rule's arms need more seeds)")
-    extra_seeds: list[int] = Field(description="more seeds for train.extra_arms, disjoint from train.seeds")
+    extra_arms: DistinctOrEmptyList[str] = Field(description="arms of train.arms that also run train.extra_seeds "
+                                                             "(the falsification rule's arms need more seeds)")
+    extra_seeds: DistinctOrEmptyList[int, Bound(ge=0)] = Field(description="more seeds for train.extra_arms, "
+                                                                           "disjoint from train.seeds")
     steps: int = Field(ge=1, description="training steps per run")
     tasks_per_step: int = Field(ge=1, description="rollouts per step for every arm (GRPO: tasks_per_step / "
                                                   "group_size tasks × group_size), so equal steps = equal budgets")
@@ -75,25 +76,15 @@ class TrainParams(Section):
         bad = [a for a in v if a not in ARMS]
         if bad:
             raise ValueError(f"unknown arm(s) {bad}; known arms: {', '.join(ARMS)}")
-        if len(set(v)) != len(v) or not v:
-            raise ValueError("train.arms must be a non-empty list without duplicates")
-        return v
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, v):
-        if not v or len(set(v)) != len(v) or any(s < 0 for s in v):
-            raise ValueError(f"train.seeds must be a non-empty list of distinct non-negative integers, got {v}")
         return v
 
     @model_validator(mode="after")
     def _extra(self):
-        if len(set(self.extra_arms)) != len(self.extra_arms) or not set(self.extra_arms) <= set(self.arms):
-            raise ValueError(f"train.extra_arms must be distinct arms of train.arms {self.arms}, got {self.extra_arms}")
+        if not set(self.extra_arms) <= set(self.arms):
+            raise ValueError(f"train.extra_arms must be arms of train.arms {self.arms}, got {self.extra_arms}")
         s = self.extra_seeds
-        if len(set(s)) != len(s) or any(x < 0 for x in s) or set(s) & set(self.seeds):
-            raise ValueError(f"train.extra_seeds must be distinct non-negative integers not in train.seeds "
-                             f"{self.seeds}, got {s}")
+        if set(s) & set(self.seeds):
+            raise ValueError(f"train.extra_seeds must be seeds not in train.seeds {self.seeds}, got {s}")
         return self
 
     def seeds_of(self, arm: str) -> list[int]:

@@ -18,7 +18,6 @@ Command line (what ``make external-data`` runs)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import zipfile
 from pathlib import Path
 
 from lopd.errors import BadInput
+from lopd.utils import hash_files, sha256_file, swap_dir
 
 BFCL_PACKAGE = "bfcl-eval"
 BFCL_VERSION = "2026.3.23"
@@ -55,10 +55,6 @@ class FetchError(BadInput):
     def __init__(self, message: str, network: bool):
         super().__init__(message)
         self.network = network
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def bfcl_files(root: Path) -> list[Path]:
@@ -110,18 +106,11 @@ def fetch_bfcl(dest: Path = BFCL_DEFAULT_DIR, *, timeout_s: float = 600.0) -> Pa
                         shutil.copyfileobj(src, dst)
             manifest = {
                 "package": BFCL_PACKAGE, "version": BFCL_VERSION, "wheel": wheel.name,
-                "wheel_sha256": _sha256(wheel),
-                "files": {rel.as_posix(): _sha256(staging / rel) for rel in bfcl_files(staging)},
+                "wheel_sha256": sha256_file(wheel),
+                "files": hash_files(staging, [rel.as_posix() for rel in bfcl_files(staging)]),
             }
             (staging / "MANIFEST.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-            if dest.exists():
-                old = dest.with_name(dest.name + ".old")
-                shutil.rmtree(old, ignore_errors=True)
-                dest.rename(old)
-                staging.rename(dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                staging.rename(dest)
+            swap_dir(staging, dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return dest

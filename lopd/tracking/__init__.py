@@ -43,8 +43,10 @@ prints one clear warning and records ``"tracking": "failed: <cause>"`` in its ``
 with ``fail`` the stage stops with exit status 2 (``BadInput``).
 """
 
-from lopd.tracking.store import (_EXPERIMENT_IDS, _PARENTS, EXPERIMENT_KEY_TAG, HOST_TAG, PID_TAG,  # noqa: F401
-                                 _experiment_id, experiment_key, experiment_parent_id, git_commit, preload,
+# EXPERIMENT_IDS, PARENTS and SWEPT: this process's caches of the look-ups it made (cleared, the next call
+# looks up again, as a fresh process would)
+from lopd.tracking.store import (EXPERIMENT_IDS, EXPERIMENT_KEY_TAG, HOST_TAG, PARENTS, PID_TAG,  # noqa: F401
+                                 experiment_id, experiment_key, experiment_parent_id, git_commit, preload,
                                  provenance_tags)
-from lopd.tracking.tracker import (_SWEPT, Tracker, log_report_artifacts, log_to_training_run,  # noqa: F401
+from lopd.tracking.tracker import (SWEPT, Tracker, log_report_artifacts, log_to_training_run,  # noqa: F401
                                    mark_stale_run, sweep_dead_runs)

@@ -3,7 +3,6 @@ lock contention, and fork safety (see the package docstring)."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -28,8 +27,8 @@ logging.getLogger(mlflow_compat.ASYNC_QUEUE_LOGGER).setLevel(logging.CRITICAL)
 
 EXPERIMENT_KEY_TAG = "lopd.experiment_key"
 _COMMIT: dict[str, str] = {}  # cwd -> commit (cleared in a forked child)
-_EXPERIMENT_IDS: dict[tuple[str, str], str] = {}  # (uri, experiment name) -> id
-_PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment name, key) -> parent run id
+EXPERIMENT_IDS: dict[tuple[str, str], str] = {}  # (uri, experiment name) -> id
+PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment name, key) -> parent run id
 _USED_URIS: set[str] = set()  # stores this process opened (quiesced before a fork)
 HOST_TAG, PID_TAG = "lopd.host", "lopd.pid"
 
@@ -87,11 +86,11 @@ def preload(params) -> None:
         pass
 
 
-def _lock_contention(e: BaseException) -> bool:
+def lock_contention(e: BaseException) -> bool:
     return "locked" in str(e).lower()
 
 
-def _retry(fn, *args, budget_s: float = 60.0, **kw):
+def retry(fn, *args, budget_s: float = 60.0, **kw):
     """Call ``fn``, retrying SQLite lock contention (concurrent writers) with jittered back-off.
 
     SQLite answers "database is locked" at once, without waiting, when two transactions would
@@ -102,7 +101,7 @@ def _retry(fn, *args, budget_s: float = 60.0, **kw):
         try:
             return fn(*args, **kw)
         except Exception as e:  # noqa: BLE001
-            if not _lock_contention(e) or time.monotonic() > deadline:
+            if not lock_contention(e) or time.monotonic() > deadline:
                 raise
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 1.0)
@@ -114,21 +113,20 @@ def _sqlite_path(uri: str) -> Path | None:
 
 @contextmanager
 def _creation_lock(uri: str):
-    """An exclusive file lock serialising experiment/parent creation among this host's processes."""
+    """An exclusive file lock serialising experiment/parent creation among this host's processes: waits
+    as long as another holds it. ``<db>.lock`` beside a SQLite store (git-ignored), else one in the
+    temporary directory per URI."""
+    from filelock import FileLock
+
     db = _sqlite_path(uri)
     path = db.with_name(db.name + ".lock") if db else \
         Path(tempfile.gettempdir()) / f"lopd-mlflow-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with FileLock(path):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
-def _client(uri: str):
+def open_client(uri: str):
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)  # opens the store
@@ -136,24 +134,24 @@ def _client(uri: str):
     return client
 
 
-def _experiment_id(client, uri: str, name: str) -> str:
+def experiment_id(client, uri: str, name: str) -> str:
     """The experiment's id, creating it (artifacts in ``mlartifacts/`` beside a SQLite db). It is tagged
     a model-training experiment for MLflow's UI (whose 3.x default is the GenAI kind)."""
     kind_tag, kind = mlflow_compat.EXPERIMENT_KIND_TAG, mlflow_compat.TRAINING_EXPERIMENT_KIND
-    if (uri, name) not in _EXPERIMENT_IDS:
-        exp = _retry(client.get_experiment_by_name, name)
+    if (uri, name) not in EXPERIMENT_IDS:
+        exp = retry(client.get_experiment_by_name, name)
         if exp is None:
             with _creation_lock(uri):  # two first stages must not both create it
-                exp = _retry(client.get_experiment_by_name, name)
+                exp = retry(client.get_experiment_by_name, name)
                 if exp is None:
                     db = _sqlite_path(uri)
                     where = (db.resolve().parent / "mlartifacts" / name).as_uri() if db else None
-                    exp = _retry(client.get_experiment, _retry(client.create_experiment, name, artifact_location=where,
+                    exp = retry(client.get_experiment, retry(client.create_experiment, name, artifact_location=where,
                                                                tags={kind_tag: kind}))
         if kind_tag not in exp.tags:  # an experiment created before lopd set it
-            _retry(client.set_experiment_tag, exp.experiment_id, kind_tag, kind)
-        _EXPERIMENT_IDS[(uri, name)] = exp.experiment_id
-    return _EXPERIMENT_IDS[(uri, name)]
+            retry(client.set_experiment_tag, exp.experiment_id, kind_tag, kind)
+        EXPERIMENT_IDS[(uri, name)] = exp.experiment_id
+    return EXPERIMENT_IDS[(uri, name)]
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -174,17 +172,17 @@ def experiment_parent_id(params, client=None) -> str:
     through a server), the earliest (start time, then run id) is the parent, for every caller.
     """
     tp, key = params.tracking, experiment_key(params)
-    if (tp.uri, tp.experiment, key) not in _PARENTS:
-        client = client or _client(tp.uri)
-        exp_id = _experiment_id(client, tp.uri, tp.experiment)
+    if (tp.uri, tp.experiment, key) not in PARENTS:
+        client = client or open_client(tp.uri)
+        exp_id = experiment_id(client, tp.uri, tp.experiment)
         with _creation_lock(tp.uri):
-            found = _retry(client.search_runs, [exp_id], filter_string=f"tags.`{EXPERIMENT_KEY_TAG}` = '{key}'")
+            found = retry(client.search_runs, [exp_id], filter_string=f"tags.`{EXPERIMENT_KEY_TAG}` = '{key}'")
             if found:
                 run_id = min(found, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
             else:
                 run_id = _create_parent(client, exp_id, params, key)
-        _PARENTS[(tp.uri, tp.experiment, key)] = run_id
-    return _PARENTS[(tp.uri, tp.experiment, key)]
+        PARENTS[(tp.uri, tp.experiment, key)] = run_id
+    return PARENTS[(tp.uri, tp.experiment, key)]
 
 
 def provenance_tags() -> dict[str, str]:
@@ -199,25 +197,25 @@ def _create_parent(client, exp_id: str, params, key: str) -> str:
 
     tags = {EXPERIMENT_KEY_TAG: key, "stage": "experiment", "params_hash": key.split("-")[0], **provenance_tags()}
     name = names.parent_run(tags[names.DVC_EXP_TAG], git_commit(), tags["params_hash"])
-    run_id = _retry(client.create_run, exp_id, run_name=name, tags=tags).info.run_id
+    run_id = retry(client.create_run, exp_id, run_name=name, tags=tags).info.run_id
     cut = mlflow_compat.max_param_length()
     flat = [Param(k, str(v)[:cut]) for k, v in _flat(params.model_dump()).items()]
-    _retry(client.log_batch, run_id, params=flat, synchronous=True)
+    retry(client.log_batch, run_id, params=flat, synchronous=True)
     return run_id
 
 
-def _end_run(uri: str, run_id: str, status: str) -> None:
+def end_run(uri: str, run_id: str, status: str) -> None:
     """Set a run's status and end time (:func:`lopd.compat.mlflow.end_run`: the caller has already
     waited for its own writes, and the process's async-logging queue stays up)."""
-    _retry(mlflow_compat.end_run, uri, run_id, status)
+    retry(mlflow_compat.end_run, uri, run_id, status)
 
 
-def _message(e: BaseException) -> str:
+def error_message(e: BaseException) -> str:
     first = str(e).splitlines()[0] if str(e) else ""
     return f"{type(e).__name__}: {first}"
 
 
-def _handle_failure(tp, msg: str, first: bool) -> None:
+def handle_failure(tp, msg: str, first: bool) -> None:
     if tp.on_failure == "fail":
         raise BadInput(f"MLflow tracking at {tp.uri!r} failed ({msg}); set tracking.on_failure: warn to run without it")
     if first:

@@ -11,10 +11,10 @@ from typing import Any
 
 from lopd.compat import mlflow as mlflow_compat
 from lopd.errors import BadInput
-from lopd.tracking.store import (HOST_TAG, PID_TAG, _client, _end_run, _experiment_id, _handle_failure,
-                                 _lock_contention, _message, _retry, experiment_parent_id, provenance_tags)
+from lopd.tracking.store import (HOST_TAG, PID_TAG, end_run, error_message, experiment_id, experiment_parent_id,
+                                 handle_failure, lock_contention, open_client, provenance_tags, retry)
 
-_SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
+SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
 
 
 class Tracker:
@@ -36,19 +36,19 @@ class Tracker:
             self.error = "disabled (not rank 0)"
             return
         try:
-            self.client = _client(self.tp.uri)
-            exp_id = _experiment_id(self.client, self.tp.uri, self.tp.experiment)
+            self.client = open_client(self.tp.uri)
+            exp_id = experiment_id(self.client, self.tp.uri, self.tp.experiment)
             parent = parent_run_id or experiment_parent_id(params, self.client)
             sweep_dead_runs(self.client, self.tp.uri, exp_id)
             all_tags = {**provenance_tags(), **{k: str(v) for k, v in tags.items()},
                         "mlflow.parentRunId": parent, HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-            self.run_id = _retry(self.client.create_run, exp_id, run_name=run_name, tags=all_tags).info.run_id
+            self.run_id = retry(self.client.create_run, exp_id, run_name=run_name, tags=all_tags).info.run_id
         except Exception as e:  # noqa: BLE001 - any tracking failure is reported, never hidden
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
-        msg = _message(e)
-        _handle_failure(self.tp, msg, first=self.error is None)
+        msg = error_message(e)
+        handle_failure(self.tp, msg, first=self.error is None)
         self.error = msg
         self.run_id = None
 
@@ -68,7 +68,7 @@ class Tracker:
             op = self.client.log_batch(self.run_id, metrics=metrics, params=params, synchronous=False)
             self._pending.append((op, metrics, params))
         else:
-            _retry(self.client.log_batch, self.run_id, metrics=metrics, params=params, synchronous=True)
+            retry(self.client.log_batch, self.run_id, metrics=metrics, params=params, synchronous=True)
 
     def _check_pending(self) -> None:
         pending, self._pending = self._pending, []
@@ -76,10 +76,10 @@ class Tracker:
             try:
                 op.wait()  # re-raises the background write's exception
             except Exception as e:  # noqa: BLE001
-                if not _lock_contention(e):
+                if not lock_contention(e):
                     raise
                 # rolled back whole; MLflow skips rows it already holds, so sending again is safe
-                _retry(self.client.log_batch, self.run_id, metrics=metrics, params=params, synchronous=True)
+                retry(self.client.log_batch, self.run_id, metrics=metrics, params=params, synchronous=True)
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -119,7 +119,7 @@ class Tracker:
     def _guarded(self, call) -> None:
         if self.ok:
             try:
-                _retry(call)
+                retry(call)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
 
@@ -135,7 +135,7 @@ class Tracker:
         if self.ok:
             try:
                 self._check_pending()
-                _end_run(self.tp.uri, self.run_id, status)
+                end_run(self.tp.uri, self.run_id, status)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
 
@@ -152,18 +152,18 @@ def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
     if missing:
         raise BadInput(f"report artifacts missing: {', '.join(missing)}")
     try:
-        client = _client(tp.uri)
+        client = open_client(tp.uri)
         parent = experiment_parent_id(params, client)
         # the last stage: no run of a killed earlier attempt may stay RUNNING under a finished parent
-        sweep_dead_runs(client, tp.uri, _experiment_id(client, tp.uri, tp.experiment))
+        sweep_dead_runs(client, tp.uri, experiment_id(client, tp.uri, tp.experiment))
         for p in map(Path, paths):
             rel = p.relative_to(root) if root is not None else p
             where = str(rel.parent) if not rel.is_absolute() and str(rel.parent) != "." else None
-            _retry(client.log_artifact, parent, str(p), where)
-        _end_run(tp.uri, parent, "FINISHED")
+            retry(client.log_artifact, parent, str(p), where)
+        end_run(tp.uri, parent, "FINISHED")
     except Exception as e:  # noqa: BLE001 - reported, never hidden
-        msg = _message(e)
-        _handle_failure(tp, msg, first=True)
+        msg = error_message(e)
+        handle_failure(tp, msg, first=True)
         return f"failed: {msg}"
     return "ok"
 
@@ -176,11 +176,11 @@ def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
     (:func:`lopd.utils.pid_started_before`). Returns the run ids it marked."""
     from lopd.utils import pid_started_before
 
-    if (os.getpid(), uri, exp_id) in _SWEPT:
+    if (os.getpid(), uri, exp_id) in SWEPT:
         return []
-    _SWEPT.add((os.getpid(), uri, exp_id))
+    SWEPT.add((os.getpid(), uri, exp_id))
     host = socket.gethostname()
-    found = _retry(client.search_runs, [exp_id], filter_string=(
+    found = retry(client.search_runs, [exp_id], filter_string=(
         f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'"), max_results=1000)
     marked = []
     for run in found:
@@ -188,9 +188,9 @@ def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
         if pid.isdigit() and int(pid) != os.getpid() and not pid_started_before(int(pid), run.info.start_time / 1000):
             # re-read after the process is known dead: it may have ended its run between the search and
             # now (a finished process waiting to be reaped is a zombie); a dead process changes nothing more
-            if _retry(client.get_run, run.info.run_id).info.status != "RUNNING":
+            if retry(client.get_run, run.info.run_id).info.status != "RUNNING":
                 continue
-            _end_run(uri, run.info.run_id, "KILLED")
+            end_run(uri, run.info.run_id, "KILLED")
             marked.append(run.info.run_id)
     return marked
 
@@ -198,9 +198,9 @@ def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
 def mark_stale_run(tp, run_id: str) -> bool:
     """Mark a run left RUNNING by a killed process as KILLED. Returns True if it was."""
     try:
-        client = _client(tp.uri)
+        client = open_client(tp.uri)
         if client.get_run(run_id).info.status == "RUNNING":
-            _end_run(tp.uri, run_id, "KILLED")
+            end_run(tp.uri, run_id, "KILLED")
             return True
         return False
     except Exception:  # noqa: BLE001 - best effort; the new run still links to it by tag
@@ -219,9 +219,9 @@ def log_to_training_run(params, arm: str, seed: int, metrics: dict[str, float]) 
 
     tp = params.tracking
     try:
-        client = _client(tp.uri)
+        client = open_client(tp.uri)
         parent = experiment_parent_id(params, client)
-        found = _retry(client.search_runs, [_experiment_id(client, tp.uri, tp.experiment)], filter_string=(
+        found = retry(client.search_runs, [experiment_id(client, tp.uri, tp.experiment)], filter_string=(
             f"tags.`mlflow.parentRunId` = '{parent}' and tags.stage = 'train' and tags.arm = '{arm}' and "
             f"tags.seed = '{seed}' and attributes.status = 'FINISHED'"), order_by=["attributes.start_time DESC"],
             max_results=1)
@@ -229,9 +229,9 @@ def log_to_training_run(params, arm: str, seed: int, metrics: dict[str, float]) 
             raise LookupError(f"no finished MLflow training run of {arm} seed {seed} under parent {parent}")
         ts = int(time.time() * 1000)
         values = [Metric(k, float(v), ts, 0) for k, v in metrics.items() if v is not None and float(v) == float(v)]
-        _retry(client.log_batch, found[0].info.run_id, metrics=values, synchronous=True)
+        retry(client.log_batch, found[0].info.run_id, metrics=values, synchronous=True)
     except Exception as e:  # noqa: BLE001 - reported, never hidden
-        msg = _message(e)
-        _handle_failure(tp, msg, first=True)
+        msg = error_message(e)
+        handle_failure(tp, msg, first=True)
         return f"failed: {msg}"
     return "ok"

@@ -11,14 +11,13 @@ same two methods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from lopd.training import objectives as obj
 
-if TYPE_CHECKING:
-    from lopd.training.trainer import Trainer
+# ``tr`` below is the calling lopd.training.trainer.Trainer (annotated by name: trainer imports this module)
 
 
 @dataclass

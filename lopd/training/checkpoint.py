@@ -11,7 +11,6 @@ restart.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -22,11 +21,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lopd.errors import BadInput
-from lopd.utils import atomic_output, atomic_write_text, sha256_file
+from lopd.utils import (atomic_output, atomic_write_text, hash_files, sha256_file, swap_dir, verify_files,
+                        write_manifest)
 
-
-def _sha(path: Path) -> str:
-    return sha256_file(path)
+CHECKPOINT_FILES = ("tensors.safetensors", "state.pt")  # hashed in meta.json
 
 
 def save_checkpoint(ckpt_dir: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -37,16 +35,8 @@ def save_checkpoint(ckpt_dir: Path, tensors: dict[str, torch.Tensor], state: dic
     tmp.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
     torch.save(state, tmp / "state.pt")
-    meta = {n: _sha(tmp / n) for n in ("tensors.safetensors", "state.pt")}
-    atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2))
-    old = ckpt_dir.with_name(ckpt_dir.name + ".old")
-    if ckpt_dir.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(ckpt_dir, old)
-    os.replace(tmp, ckpt_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    write_manifest(tmp / "meta.json", hash_files(tmp, CHECKPOINT_FILES), sort_keys=False, end="")
+    swap_dir(tmp, ckpt_dir)
 
 
 def load_checkpoint(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -56,11 +46,8 @@ def load_checkpoint(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, 
         meta = json.loads(meta_p.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise BadInput(f"checkpoint {ckpt_dir} is corrupt: cannot read meta.json ({e}); delete it to restart the run") from None
-    for name, digest in meta.items():
-        p = ckpt_dir / name
-        if not p.exists() or _sha(p) != digest:
-            raise BadInput(f"checkpoint {ckpt_dir} is corrupt or truncated: {name} does not match its hash; "
-                           "delete the checkpoint directory to restart the run")
+    verify_files(ckpt_dir, meta, lambda p, _: f"checkpoint {ckpt_dir} is corrupt or truncated: {p.name} does not "
+                                              "match its hash; delete the checkpoint directory to restart the run")
     tensors = load_file(str(ckpt_dir / "tensors.safetensors"))
     state = torch.load(ckpt_dir / "state.pt", weights_only=False)  # our own, hash-verified file
     return tensors, state
@@ -72,7 +59,7 @@ def load_tensors_verified(path: Path) -> dict[str, torch.Tensor]:
     if not path.exists():
         raise BadInput(f"weights file not found: {path}")
     sha_p = path.with_name(path.name + ".sha256")
-    if sha_p.exists() and sha_p.read_text().strip() != _sha(path):
+    if sha_p.exists() and sha_p.read_text().strip() != sha256_file(path):
         raise BadInput(f"weights file {path} is corrupt or truncated (hash mismatch with {sha_p.name})")
     try:
         return load_file(str(path))
@@ -84,7 +71,7 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     path = Path(path)
     with atomic_output(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    atomic_write_text(path.with_name(path.name + ".sha256"), _sha(path) + "\n")
+    atomic_write_text(path.with_name(path.name + ".sha256"), sha256_file(path) + "\n")
 
 
 # --------------------------------------------------------------------------- a trainer's full state

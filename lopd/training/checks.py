@@ -10,36 +10,36 @@ from torch import Tensor
 
 
 
-def _promote(x: Tensor) -> Tensor:
+def promote(x: Tensor) -> Tensor:
     """Half precision → float32; float32/float64 unchanged (differentiable cast)."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return x.float()
     return x
 
 
-def _require_float(name: str, x: Tensor) -> None:
+def require_float(name: str, x: Tensor) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def _require_dim(name: str, x: Tensor, dim: int, what: str) -> None:
+def require_dim(name: str, x: Tensor, dim: int, what: str) -> None:
     if x.dim() != dim:
         raise ValueError(f"{name} must have shape {what}, got {tuple(x.shape)}")
 
 
-def _require_pair(a_name: str, a: Tensor, b_name: str, b: Tensor, dim: int, what: str) -> None:
+def require_pair(a_name: str, a: Tensor, b_name: str, b: Tensor, dim: int, what: str) -> None:
     """Both float tensors of ``dim`` dimensions (shape ``what``) and of the same shape."""
-    _require_float(a_name, a)
-    _require_float(b_name, b)
-    _require_dim(a_name, a, dim, what)
+    require_float(a_name, a)
+    require_float(b_name, b)
+    require_dim(a_name, a, dim, what)
     if a.shape != b.shape:
         raise ValueError(f"{a_name} and {b_name} must have the same {what} shape, "
                          f"got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
-def _check_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], against: str) -> Tensor:
+def check_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], against: str) -> Tensor:
     """Validate an (N, T) mask and return it as a 0/1-or-weight float32 tensor."""
     if not isinstance(mask, Tensor):
         raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
@@ -56,7 +56,7 @@ def _check_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], against: str)
     return mask.float()
 
 
-def _check_scalar(name: str, value: float, *, nonneg: bool = False) -> float:
+def check_scalar(name: str, value: float, *, nonneg: bool = False) -> float:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")

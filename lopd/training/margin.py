@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float, _require_pair
+from lopd.training.checks import check_mask, check_scalar, promote, require_dim, require_float, require_pair
 
 
 def token_delta(teacher_token_logp: Tensor, student_token_logp: Tensor) -> Tensor:
@@ -31,8 +31,8 @@ def token_delta(teacher_token_logp: Tensor, student_token_logp: Tensor) -> Tenso
     Returns:
         ``(N, T)`` δ.
     """
-    _require_pair("teacher_token_logp", teacher_token_logp, "student_token_logp", student_token_logp, 2, "(N, T)")
-    return _promote(teacher_token_logp) - _promote(student_token_logp).detach()
+    require_pair("teacher_token_logp", teacher_token_logp, "student_token_logp", student_token_logp, 2, "(N, T)")
+    return promote(teacher_token_logp) - promote(student_token_logp).detach()
 
 
 def outcome_weighted_delta(delta: Tensor, mask: Tensor, rewards: Tensor) -> tuple[Tensor, float]:
@@ -56,9 +56,9 @@ def outcome_weighted_delta(delta: Tensor, mask: Tensor, rewards: Tensor) -> tupl
         this returns ``(0 · Σ δ, 0.0)`` — value 0 but still attached to the graph — and the
         **caller must skip the dual update** for this batch, since Δ is undefined.
     """
-    _require_float("delta", delta)
-    _require_dim("delta", delta, 2, "(N, T)")
-    m = _check_mask(mask, delta.shape, "delta")
+    require_float("delta", delta)
+    require_dim("delta", delta, 2, "(N, T)")
+    m = check_mask(mask, delta.shape, "delta")
     if not isinstance(rewards, Tensor):
         raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     if tuple(rewards.shape) != (delta.shape[0],):
@@ -69,7 +69,7 @@ def outcome_weighted_delta(delta: Tensor, mask: Tensor, rewards: Tensor) -> tupl
     if not torch.isfinite(r).all() or (r < 0).any() or (r > 1).any():
         raise ValueError("rewards must be finite and lie in [0, 1]")
 
-    d = _promote(delta)
+    d = promote(delta)
     w = (r[:, None] * m.to(r.dtype)).to(d.dtype)  # (N, T)
     used = w != 0
     d_used = torch.where(used, d, d.new_zeros(()))
@@ -85,10 +85,10 @@ def margin_sat_frac(delta: Tensor, mask: Tensor, margin: float) -> float:
     Unweighted (rewards are ignored); ``δ == m`` counts as satisfied. Returns ``nan`` if
     there are no supervised tokens. Diagnostic only (no graph).
     """
-    _require_float("delta", delta)
-    _require_dim("delta", delta, 2, "(N, T)")
-    m = _check_mask(mask, delta.shape, "delta")
-    margin = _check_scalar("margin", margin)
+    require_float("delta", delta)
+    require_dim("delta", delta, 2, "(N, T)")
+    m = check_mask(mask, delta.shape, "delta")
+    margin = check_scalar("margin", margin)
     with torch.no_grad():
         sup = m != 0
         n = int(sup.sum().item())
@@ -103,9 +103,9 @@ def margin_penalty(beta: float, margin: float, delta_phi: Tensor) -> Tensor:
 
     Minimising it pushes Δ(φ) up with force β; β itself is updated by :func:`dual_update`.
     """
-    beta = _check_scalar("beta", beta, nonneg=True)
-    margin = _check_scalar("margin", margin)
-    _require_float("delta_phi", delta_phi)
+    beta = check_scalar("beta", beta, nonneg=True)
+    margin = check_scalar("margin", margin)
+    require_float("delta_phi", delta_phi)
     if delta_phi.dim() != 0:
         raise ValueError(f"delta_phi must be a scalar (0-dim) tensor, got {tuple(delta_phi.shape)}")
     return beta * (margin - delta_phi)
@@ -119,10 +119,10 @@ def dual_update(beta: float, margin: float, delta_phi: float, eta: float) -> flo
     Requires ``η ≥ 0`` and ``β ≥ 0``; ``η = 0`` leaves β unchanged. ``delta_phi`` may be a
     float or a one-element tensor (its value is used).
     """
-    beta = _check_scalar("beta", beta, nonneg=True)
-    margin = _check_scalar("margin", margin)
-    delta_phi = _check_scalar("delta_phi", delta_phi)
-    eta = _check_scalar("eta", eta, nonneg=True)
+    beta = check_scalar("beta", beta, nonneg=True)
+    margin = check_scalar("margin", margin)
+    delta_phi = check_scalar("delta_phi", delta_phi)
+    eta = check_scalar("eta", eta, nonneg=True)
     return max(0.0, beta + eta * (margin - delta_phi))
 
 
@@ -141,14 +141,14 @@ def anchor_loss(c_phi: Tensor, c_phi0: Tensor, lam: float) -> Tensor:
         c_phi0: ``(..., H)`` reference latent vectors (same shape).
         lam: λ ≥ 0.
     """
-    lam = _check_scalar("lam", lam, nonneg=True)
-    _require_float("c_phi", c_phi)
-    _require_float("c_phi0", c_phi0)
+    lam = check_scalar("lam", lam, nonneg=True)
+    require_float("c_phi", c_phi)
+    require_float("c_phi0", c_phi0)
     if c_phi.dim() < 1 or c_phi.shape != c_phi0.shape:
         raise ValueError(
             "c_phi and c_phi0 must have the same (..., H) shape, got "
             f"{tuple(c_phi.shape)} and {tuple(c_phi0.shape)}"
         )
-    a = _promote(c_phi)
-    diff = a - _promote(c_phi0).detach().to(a.dtype)
+    a = promote(c_phi)
+    diff = a - promote(c_phi0).detach().to(a.dtype)
     return lam * diff.pow(2).sum(-1).mean()

@@ -51,7 +51,7 @@ SUPPORTS = ("teacher", "student", "union")
 _TAIL_LOGMASS_MAX = -1e-7
 
 
-from lopd.training.checks import _check_mask, _check_scalar, _promote, _require_dim, _require_float, _require_pair  # noqa: E402
+from lopd.training.checks import check_mask, check_scalar, promote, require_dim, require_float, require_pair  # noqa: E402
 
 # --------------------------------------------------------------------------- log-probs
 
@@ -71,8 +71,8 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     Computed as ``logits[y] - logsumexp(logits)``, which equals the gathered log_softmax
     without materialising a second ``(N, T, V)`` tensor.
     """
-    _require_float("logits", logits)
-    _require_dim("logits", logits, 3, "(N, T, V)")
+    require_float("logits", logits)
+    require_dim("logits", logits, 3, "(N, T, V)")
     if not isinstance(targets, Tensor) or targets.dtype not in (
         torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8
     ):
@@ -199,15 +199,15 @@ def reverse_kl_topm_tail(
     Returns:
         :class:`KLResult` ``(loss, per_token, tail_mass)``.
     """
-    _require_pair("student_logp", student_logp, "teacher_logp", teacher_logp, 3, "(N, T, V)")
+    require_pair("student_logp", student_logp, "teacher_logp", teacher_logp, 3, "(N, T, V)")
     if support not in SUPPORTS:
         raise ValueError(f"unknown support {support!r}; expected one of {SUPPORTS}")
     if isinstance(top_m, bool) or not isinstance(top_m, int) or top_m < 1:
         raise ValueError(f"top_m must be an integer >= 1, got {top_m!r}")
-    m = _check_mask(mask, student_logp.shape[:2], "student_logp")
+    m = check_mask(mask, student_logp.shape[:2], "student_logp")
 
-    ls = _promote(student_logp)
-    lt = _promote(teacher_logp)
+    ls = promote(student_logp)
+    lt = promote(teacher_logp)
     if ls.dtype != lt.dtype:
         common = torch.promote_types(ls.dtype, lt.dtype)
         ls, lt = ls.to(common), lt.to(common)
@@ -248,10 +248,10 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-4) -> Tensor:
     """
     if not isinstance(rewards, Tensor):
         raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
-    _require_dim("rewards", rewards, 2, "(n_groups, G)")
+    require_dim("rewards", rewards, 2, "(n_groups, G)")
     if rewards.shape[1] < 1:
         raise ValueError("rewards must have at least one sample per group")
-    eps = _check_scalar("eps", eps, nonneg=True)
+    eps = check_scalar("eps", eps, nonneg=True)
     if eps == 0:
         raise ValueError("eps must be > 0")
     r = rewards.detach()
@@ -280,15 +280,15 @@ def policy_gradient_loss(token_logp: Tensor, advantages: Tensor, mask: Tensor) -
             :func:`grpo_advantages`).
         mask: ``(N, T)`` supervised-token mask.
     """
-    _require_float("token_logp", token_logp)
-    _require_dim("token_logp", token_logp, 2, "(N, T)")
-    m = _check_mask(mask, token_logp.shape, "token_logp")
+    require_float("token_logp", token_logp)
+    require_dim("token_logp", token_logp, 2, "(N, T)")
+    m = check_mask(mask, token_logp.shape, "token_logp")
     if not isinstance(advantages, Tensor) or tuple(advantages.shape) != (token_logp.shape[0],):
         raise ValueError(
             f"advantages must be a tensor of shape (N,) = ({token_logp.shape[0]},), got "
             f"{tuple(advantages.shape) if isinstance(advantages, Tensor) else type(advantages)}"
         )
-    lp = _promote(token_logp)
+    lp = promote(token_logp)
     sup = m != 0
     lp_safe = torch.where(sup, lp, lp.new_zeros(()))
     ratio = torch.exp(lp_safe - lp_safe.detach())
@@ -308,10 +308,10 @@ def sft_loss(token_logp: Tensor, mask: Tensor, weights: Tensor | None = None) ->
     gives the plain token mean over supervised tokens); with weights the result is the
     weighted token mean. If the denominator is 0 the loss is 0 (graph kept).
     """
-    _require_float("token_logp", token_logp)
-    _require_dim("token_logp", token_logp, 2, "(N, T)")
-    m = _check_mask(mask, token_logp.shape, "token_logp")
-    lp = _promote(token_logp)
+    require_float("token_logp", token_logp)
+    require_dim("token_logp", token_logp, 2, "(N, T)")
+    m = check_mask(mask, token_logp.shape, "token_logp")
+    lp = promote(token_logp)
     if weights is None:
         w_seq = lp.new_ones(lp.shape[0])
     else:
