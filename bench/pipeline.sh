@@ -10,6 +10,10 @@ export PATH="$BIN:$PATH" DVC_NO_ANALYTICS=1 MLFLOW_DISABLE_TELEMETRY=true
 cd "$REPO"
 git ls-files -co --exclude-standard | while read -r f; do [ -f "$f" ] && mkdir -p "$WORK/$(dirname "$f")" && cp -p "$f" "$WORK/$f"; done
 cd "$WORK"
+# the copy's own lopd/ (not the checkout's, which the editable install points at): edits to the
+# checkout while this runs cannot reach the run
+export PYTHONPATH="$WORK${PYTHONPATH:+:$PYTHONPATH}"
+case "$("$BIN/python" -c 'import lopd; print(lopd.__file__)')" in "$WORK"/*) ;; *) echo "lopd is not imported from $WORK"; exit 1;; esac
 rm -f dvc.lock   # clean: no outputs and no lock (DVC keeps a lock's entries of stages that no longer exist)
 git init -q
 if [ $# -ge 1 ]; then "$BIN/lopd" apply-profile "$REPO/$1"; fi

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = parse(args)  # usage errors are reported here, not in the worker
-        if ns.cmd not in ("validate", "apply-profile", "repro", "exp", "params", "doctor"):
+        if ns.cmd not in ("validate", "apply-profile", "repro", "verify", "exp", "params", "doctor"):
             rc = warm.run_client(args)
             if rc != -1:
                 return rc

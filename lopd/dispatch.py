@@ -60,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
+    v = sub.add_parser("verify", help="rerun stages in a scratch copy and print, per output, whether it is "
+                                      "identical to the committed dvc.lock (the workspace is not touched)")
+    v.add_argument("stages", nargs="*", help="dvc.yaml stages (default: prepare base bank bank_draw@0)")
+    v.add_argument("--keep", action="store_true", help="keep the scratch copy")
     m = sub.add_parser("make-standin", help="build the offline Qwen3-0.6B-shaped stand-in (random weights, a locally "
                                             "trained BPE tokenizer) under models/external/")
     m.add_argument("--out", default=None, help="target directory (default: models/external/qwen3-0.6b-standin)")
@@ -144,9 +148,11 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     if args.cmd == "apply-profile":
         return _apply_profile(args)
     if args.cmd == "repro":
-        from lopd.lockguard import guarded_repro
+        return _repro(args)
+    if args.cmd == "verify":
+        from lopd.verify import verify
 
-        return guarded_repro(args.dvc_args)
+        return verify(Paths.for_params(args.params).root, args.stages or None, keep=args.keep)
     if args.cmd == "fingerprint":
         return _fingerprint(args, start_recording)
     if args.cmd in ("exp", "params", "doctor"):
@@ -169,6 +175,23 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     with _timed(paths, args.cmd):
         _run_stage(stage, params, paths, args)
     return 0
+
+
+def _repro(args) -> int:
+    """``lopd repro``: the guarded ``dvc repro``; after a whole repro (no stage named) that succeeded,
+    the experiment's MLflow parent is closed with the report even if DVC skipped the report stage."""
+    from lopd.config import load_params
+    from lopd.lockguard import guarded_repro
+    from lopd.paths import Paths
+
+    rc = guarded_repro(args.dvc_args)
+    if rc != 0 or any(not a.startswith("-") for a in args.dvc_args):
+        return rc
+    from lopd.tracking import close_experiment
+
+    state = close_experiment(load_params(args.params, args.profile), Paths.for_params(args.params).root)
+    print(f"lopd repro: MLflow experiment parent: {state}")
+    return rc
 
 
 def _tool(args) -> int:

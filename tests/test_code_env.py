@@ -146,10 +146,27 @@ def test_step_twice_raises(env):
         ep.step(t.spec["solution"])
 
 
-def test_make_env():
-    from lopd.envs import make_env
+def test_make_env_builds_the_code_env_the_params_configure():
+    """``make_env("code", envs)`` is a code environment configured from the ``envs`` section: it
+    generates the tasks a CodeEnv with those worlds generates, scores a task's own solution 1 and a
+    wrong one 0, and an unknown domain is refused by name."""
+    from lopd.config import load_params
+    from lopd.envs import WorldConfig, make_env
+    from tests.conftest import REPO
 
-    assert isinstance(make_env("code"), CodeEnv)
+    # worlds other than the defaults: an env that ignored the params would generate other tasks
+    envs = load_params(REPO / "params.yaml").envs.model_copy(update={"seed": 4321, "n_target_worlds": 3})
+    made = make_env("code", envs)
+    assert isinstance(made, CodeEnv)
+    tasks = made.generate(0, 6)
+    direct = CodeEnv(worlds=WorldConfig.from_params(envs)).generate(0, 6)
+    assert [t.spec for t in tasks] == [t.spec for t in direct]
+    assert [t.prompt for t in tasks] != [t.prompt for t in CodeEnv().generate(0, 6)]
+    for t in tasks:
+        assert run(made, t, made.solve(t)[0]) == 1.0
+        assert run(made, t, t.spec["solution"].replace("return", "return 1 +")) == 0.0
+    with pytest.raises(ValueError, match="unknown domain 'cod'"):
+        make_env("cod", envs)
 
 
 def test_concurrent_episodes(env):

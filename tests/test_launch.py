@@ -71,10 +71,10 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def test_guard_stops_the_command_when_its_job_dies(tmp_path):
+def test_watchdog_stops_the_command_when_its_job_dies(tmp_path):
     """A job process that dies (SIGKILL, no chance to clean up) takes its stage command with it:
-    the guard notices it was re-parented and stops its process group."""
-    guard = REPO_ROOT / "lopd" / "launch" / "guard.py"
+    the watchdog notices it was re-parented and stops its process group."""
+    guard = REPO_ROOT / "lopd" / "launch" / "watchdog.py"
     job = textwrap.dedent(f"""
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, {str(guard)!r}, "sleep", "600"], start_new_session=True)
@@ -93,8 +93,8 @@ def test_guard_stops_the_command_when_its_job_dies(tmp_path):
     assert not _group_alive(pgid), "the stage command outlived its job"
 
 
-def test_guard_passes_the_exit_status_through():
-    guard = REPO_ROOT / "lopd" / "launch" / "guard.py"
+def test_watchdog_passes_the_exit_status_through():
+    guard = REPO_ROOT / "lopd" / "launch" / "watchdog.py"
     assert subprocess.run([sys.executable, str(guard), sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
     assert subprocess.run([sys.executable, str(guard), "true"]).returncode == 0
 
@@ -261,7 +261,7 @@ def _marks(path: Path) -> list[dict]:
     MLflow sidecar)."""
     rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
     return [m for m in rows if m["argv"] and m["argv"][0] not in ("-m", "-c")
-            and Path(m["argv"][0]).name not in ("dvc", "guard.py") and "/ray/" not in m["argv"][0]]
+            and Path(m["argv"][0]).name not in ("dvc", "watchdog.py") and "/ray/" not in m["argv"][0]]
 
 
 def _ran_in(marks: list[dict], root: Path, since: float) -> list[list[str]]:

@@ -1,21 +1,21 @@
 """The trainer's margin wiring (lopd.training.trainer.Trainer.train_step → _dual_update →
 _feasibility), driven step by step with scripted Δ(φ) values and hand-computed expectations.
 
-The model is left out: the objective is replaced by one that reports a scripted ``delta_phi`` and
+The trainer is built by its own constructor on the test workspace's resources. The model is left
+out of the step: the objective is replaced by one that reports a scripted ``delta_phi`` and
 ``delta_weight`` (what ``_kd`` reports) and no loss, so no optimiser step is taken; everything after
 it — the dual update of β from the logged Δ, the logged β, the infeasibility streak, ``beta_max``,
 the tag on the tracker — is the production code."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from lopd.arms import ARMS
-from lopd.training import trainer as trainer_mod
-from lopd.training.trainer import StepLoss, Trainer
+from lopd.training import arm_loss
+from lopd.training.arm_loss import StepLoss
+from lopd.training.trainer import HParams, Trainer
 
 
 class Tags:
@@ -26,28 +26,29 @@ class Tags:
         self.set.append((key, value))
 
 
-def _trainer(monkeypatch, arm: str, *, margin: float, eta: float, beta0: float, beta_max: float = 100.0,
-             patience: int = 100) -> tuple[Trainer, list]:
-    """A Trainer with only the state the margin wiring reads (as __init__ sets it), and a queue of
+@pytest.fixture
+def trainer_factory(monkeypatch, resources, workspace):
+    """``make(arm, margin=…, eta=…, beta0=…, beta_max=…, patience=…)``: a Trainer built by its own
+    constructor on the workspace's resources, with those margin settings, and the queue of
     ``(delta_phi, delta_weight)`` the stub objective reports, one per step."""
-    # only the HParams fields the margin wiring reads
-    hp = SimpleNamespace(margin=margin, eta_beta=eta, beta_init=beta0, beta_max=beta_max, infeasible_patience=patience)
-    tr = Trainer.__new__(Trainer)
-    spec = ARMS[arm]
-    tr.arm, tr.hp, tr.seed, tr.world, tr.tracker = spec, hp, 0, None, Tags()
-    tr.beta = hp.beta_init if spec.margin else 0.0
-    tr.margin = hp.margin if spec.margin else 0.0
-    tr.step, tr.rollouts_used, tr.history = 0, 0, []
-    tr.infeasible_streak, tr.infeasible = 0, False
-    tr._rollout_batch = lambda: {"rewards": torch.ones(2), "mask": torch.ones(2, 3)}
-    script: list[tuple[float, float]] = []
 
-    def objective(_tr, _batch, _passes):
-        d, w = script.pop(0)
-        return StepLoss(None, {"delta_phi": d, "delta_weight": w})
+    def make(arm: str, *, margin: float, eta: float, beta0: float, beta_max: float = 100.0,
+             patience: int = 100) -> tuple[Trainer, list]:
+        hp = HParams.from_params(workspace.params(), margin=margin, eta_beta=eta, beta_init=beta0, beta_max=beta_max,
+                                 infeasible_patience=patience)
+        spec = ARMS[arm]
+        tr = Trainer(resources, spec, hp, seed=0, tracker=Tags())
+        # no model: the step's batch is two rewarded rows, and the objective reports the scripted Δ
+        monkeypatch.setattr(tr, "_rollout_batch", lambda: {"rewards": torch.ones(2), "mask": torch.ones(2, 3)})
+        script: list[tuple[float, float]] = []
 
-    monkeypatch.setitem(trainer_mod.OBJECTIVES, spec.objective, objective)
-    return tr, script
+        def objective(_tr, _batch, _passes):
+            d, w = script.pop(0)
+            return StepLoss(None, {"delta_phi": d, "delta_weight": w})
+
+        monkeypatch.setitem(arm_loss.OBJECTIVES, spec.objective, objective)
+        return tr, script
+    return make
 
 
 def _run(tr: Trainer, script: list, steps) -> list[dict]:
@@ -55,11 +56,11 @@ def _run(tr: Trainer, script: list, steps) -> list[dict]:
     return [tr.train_step() for _ in steps]
 
 
-def test_beta_follows_the_logged_delta(monkeypatch):
+def test_beta_follows_the_logged_delta(trainer_factory):
     """β_{t+1} = max(0, β_t + η (m − Δ_t)) with the Δ each step logs; m = 0.5, η = 0.5, β_0 = 1:
     Δ = 0.125 → 1 + 0.5·0.375 = 1.1875; Δ = 0.25 → +0.125 = 1.3125; Δ = 1 → −0.25 = 1.0625;
     Δ = 3.5 → 1.0625 − 1.5 < 0 → 0 (projected); Δ = 0.5 = m → stays 0."""
-    tr, script = _trainer(monkeypatch, "lopd", margin=0.5, eta=0.5, beta0=1.0)
+    tr, script = trainer_factory("lopd", margin=0.5, eta=0.5, beta0=1.0)
     rows = _run(tr, script, [(0.125, 1.0), (0.25, 2.0), (1.0, 1.0), (3.5, 4.0), (0.5, 1.0)])
     assert [r["delta_phi"] for r in rows] == [0.125, 0.25, 1.0, 3.5, 0.5]
     assert [r["beta"] for r in rows] == [1.1875, 1.3125, 1.0625, 0.0, 0.0]
@@ -67,12 +68,12 @@ def test_beta_follows_the_logged_delta(monkeypatch):
     assert all("delta_weight" not in r for r in rows)  # internal, not a history column
 
 
-def test_no_dual_update_without_rewarded_tokens(monkeypatch):
+def test_no_dual_update_without_rewarded_tokens(trainer_factory):
     """Weight 0 (no rewarded supervised token; _kd then logs Δ = nan): Δ is undefined and β keeps its
     value. The guard is the weight, not the value: a finite Δ reported with weight 0 does not move β
     either. An undefined step is not a violation: it ends the streak (current rule: only a measured
     Δ < m extends it). m = 1, η = 1, β_0 = 2."""
-    tr, script = _trainer(monkeypatch, "lopd", margin=1.0, eta=1.0, beta0=2.0, patience=100)
+    tr, script = trainer_factory("lopd", margin=1.0, eta=1.0, beta0=2.0, patience=100)
     betas, streaks = [], []
     for step in [(0.5, 1.0), (float("nan"), 0.0), (0.25, 0.0), (0.5, 1.0)]:
         row = _run(tr, script, [step])[0]
@@ -83,11 +84,11 @@ def test_no_dual_update_without_rewarded_tokens(monkeypatch):
     assert streaks == [1, 0, 1, 2] and not tr.infeasible
 
 
-def test_patience_and_the_streak_reset(monkeypatch):
+def test_patience_and_the_streak_reset(trainer_factory):
     """η = 0 keeps β fixed, so only the streak of Δ < m can flag. m = 0.5, patience 3: two
     violations, then Δ = m (satisfied: the streak resets), then two, then Δ above m (reset again),
     then three in a row: flagged at the third, once; a later satisfied step does not unflag."""
-    tr, script = _trainer(monkeypatch, "lopd", margin=0.5, eta=0.0, beta0=0.0, patience=3)
+    tr, script = trainer_factory("lopd", margin=0.5, eta=0.0, beta0=0.0, patience=3)
     low, at, high = (0.25, 1.0), (0.5, 1.0), (0.75, 1.0)
     streaks, flags = [], []
     for step in [low, low, at, low, low, high, low, low, low, high]:
@@ -99,10 +100,10 @@ def test_patience_and_the_streak_reset(monkeypatch):
     assert tr.tracker.set == [("infeasible_margin", "true")]
 
 
-def test_beta_max_flags_only_above_it(monkeypatch):
+def test_beta_max_flags_only_above_it(trainer_factory):
     """m = 0.5, η = 1, β_0 = 0, beta_max = 1, patience far away: Δ = 0 three times gives β = 0.5,
     1.0 (= beta_max: not above it, not flagged), 1.5 (above: flagged)."""
-    tr, script = _trainer(monkeypatch, "lopd", margin=0.5, eta=1.0, beta0=0.0, beta_max=1.0, patience=100)
+    tr, script = trainer_factory("lopd", margin=0.5, eta=1.0, beta0=0.0, beta_max=1.0, patience=100)
     betas, flags = [], []
     for step in [(0.0, 1.0)] * 3:
         betas.append(_run(tr, script, [step])[0]["beta"])
@@ -111,20 +112,20 @@ def test_beta_max_flags_only_above_it(monkeypatch):
     assert tr.tracker.set == [("infeasible_margin", "true")]
 
 
-def test_a_feasible_run_is_not_flagged(monkeypatch):
+def test_a_feasible_run_is_not_flagged(trainer_factory):
     """Δ ≥ m at every step, with the strictest patience (1) and a small beta_max: β only falls
     (2 → 1.875 → 1.625 → 1.5 → 1.0 → 0.75, η = 1, m = 0.5) and the run is never flagged."""
-    tr, script = _trainer(monkeypatch, "lopd", margin=0.5, eta=1.0, beta0=2.0, beta_max=2.0, patience=1)
+    tr, script = trainer_factory("lopd", margin=0.5, eta=1.0, beta0=2.0, beta_max=2.0, patience=1)
     rows = _run(tr, script, [(0.625, 1.0), (0.75, 1.0), (0.625, 1.0), (1.0, 1.0), (0.75, 1.0)])
     assert [r["beta"] for r in rows] == [1.875, 1.625, 1.5, 1.0, 0.75]
     assert not tr.infeasible and tr.infeasible_streak == 0 and tr.tracker.set == []
 
 
 @pytest.mark.parametrize("arm", ["lopd_nomargin", "lopd_frozen"])
-def test_arms_without_an_active_margin_never_move_beta(monkeypatch, arm):
+def test_arms_without_an_active_margin_never_move_beta(trainer_factory, arm):
     """No margin (lopd_nomargin) or a frozen φ (lopd_frozen): β stays 0 and nothing is flagged, however
     far Δ falls below the m the run was given."""
-    tr, script = _trainer(monkeypatch, arm, margin=0.5, eta=1.0, beta0=1.0, beta_max=0.5, patience=1)
+    tr, script = trainer_factory(arm, margin=0.5, eta=1.0, beta0=1.0, beta_max=0.5, patience=1)
     rows = _run(tr, script, [(-3.0, 1.0)] * 3)
     assert [r["beta"] for r in rows] == [0.0, 0.0, 0.0]
     assert not tr.infeasible and tr.infeasible_streak == 0 and tr.tracker.set == []

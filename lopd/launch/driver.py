@@ -146,7 +146,7 @@ def _live_local_groups(events_file: Path) -> list[int]:
 
 
 def stop_local_groups(events_file: Path, wait_s: float) -> None:
-    """Return only once every job command this host started is gone: a cancelled job's guard stops
+    """Return only once every job command this host started is gone: a cancelled job's watchdog stops
     its group within its grace period; one still alive after ``wait_s`` is SIGKILLed."""
     deadline = time.monotonic() + wait_s
     while (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:

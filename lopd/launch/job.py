@@ -91,11 +91,11 @@ def event(path: str | Path, kind: str, **fields) -> None:
 
 def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
     """Run ``cmd`` under :mod:`lopd.launch.watchdog` in a new process group, output to ``fh``. An
-    interrupt (Ray's cancel) stops the whole group; so does the guard if this process dies: no
+    interrupt (Ray's cancel) stops the whole group; so does the watchdog if this process dies: no
     stage command outlives its job. ``on_start`` gets the group id."""
     print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
-    guard = [sys.executable, str(Path(__file__).with_name("guard.py"))]
-    proc = subprocess.Popen(guard + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+    watchdog = [sys.executable, str(Path(__file__).with_name("watchdog.py"))]
+    proc = subprocess.Popen(watchdog + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                             start_new_session=True)
     if on_start is not None:
         on_start(proc.pid)

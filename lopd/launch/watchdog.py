@@ -1,8 +1,8 @@
 """``python -m lopd.launch.watchdog CMD...``: run CMD so that it cannot outlive the job that started it.
 
-The guard leads its own process group, runs CMD in that group and waits. If its parent (the Ray
+The watchdog leads its own process group, runs CMD in that group and waits. If its parent (the Ray
 worker) dies — killed, node lost — it is re-parented; it notices within ``POLL_S`` and stops
-the whole group (CMD, DVC's stage command, the guard). Killing the group from outside (a test,
+the whole group (CMD, DVC's stage command, the watchdog). Killing the group from outside (a test,
 an operator) stops everything at once. Standard library only: it starts in milliseconds, and
 :func:`stop_group` is shared with :mod:`lopd.launch.job` from here.
 """
@@ -20,7 +20,7 @@ GRACE_S = 10.0  # SIGTERM, then SIGKILL
 
 
 def stop_group(pgid: int, proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """The one way a launcher stops a process group (this guard's, and :mod:`lopd.launch.job`'s):
+    """The one way a launcher stops a process group (this watchdog's, and :mod:`lopd.launch.job`'s):
     SIGTERM to group ``pgid`` (0: the caller's own), up to ``grace_s`` for ``proc`` to exit, then
     SIGKILL to the group for its stragglers (with ``pgid`` 0, the caller too) and reap ``proc``.
     A group already gone is not an error."""
@@ -41,7 +41,7 @@ def stop_group(pgid: int, proc: subprocess.Popen, grace_s: float = GRACE_S) -> N
 
 def _stop_own_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)  # the guard outlives the SIGTERM it sends to its group
+        signal.signal(sig, signal.SIG_IGN)  # the watchdog outlives the SIGTERM it sends to its group
     stop_group(0, proc)
 
 

@@ -8,11 +8,10 @@ from lopd.paths import Paths
 
 def run(params: Params, paths: Paths) -> dict:
     from lopd.analysis.report import build_report
-    from lopd.tracking import log_report_artifacts
+    from lopd.tracking import log_report_artifacts, report_files
 
     summary = build_report(params, paths.root)
-    out = paths.reports  # the experiment's parent MLflow run carries the report
-    log_report_artifacts(params, sorted([*out.glob("*.md"), *out.glob("*.json"), *(out / "figures").glob("*.png"),
-                                         *(out / "metrics").rglob("*.json")]), root=paths.root)
+    # the experiment's parent MLflow run carries the report
+    log_report_artifacts(params, report_files(paths.reports), root=paths.root)
     print(f"report written to {paths.reports}")
     return summary

@@ -25,7 +25,8 @@ but ``tracking`` + the git commit). The first :class:`Tracker` of an experiment 
 lock (next to the SQLite db, or in the temp directory for other URIs: same host only) makes the
 look-up-or-create atomic, so concurrent stages end with one parent. Every run without an explicit
 parent is nested under it (tag ``mlflow.parentRunId``). :func:`log_report_artifacts` attaches the
-report to it and marks it FINISHED.
+report to it and marks it FINISHED; when DVC skipped the report stage, ``lopd repro`` does the same
+after the repro (:func:`close_experiment`).
 
 Metrics are buffered and sent with ``MlflowClient.log_batch`` (one store write per flush, not per
 value; the client splits a flush into batches MLflow accepts); with ``tracking.async_logging``
@@ -48,5 +49,5 @@ with ``fail`` the stage stops with exit status 2 (``BadInput``).
 from lopd.tracking.store import (EXPERIMENT_IDS, EXPERIMENT_KEY_TAG, HOST_TAG, PARENTS, PID_TAG,  # noqa: F401
                                  experiment_id, experiment_key, experiment_parent_id, git_commit, preload,
                                  provenance_tags)
-from lopd.tracking.tracker import (SWEPT, Tracker, log_report_artifacts, log_to_training_run,  # noqa: F401
-                                   mark_stale_run, sweep_dead_runs)
+from lopd.tracking.tracker import (SWEPT, Tracker, close_experiment, log_report_artifacts,  # noqa: F401
+                                   log_to_training_run, mark_stale_run, report_files, sweep_dead_runs)

@@ -190,12 +190,19 @@ def provenance_tags() -> dict[str, str]:
     return {"git_commit": git_commit(), **names.dvc_experiment(git_commit())}
 
 
+# the run's description in the MLflow UI: why it may still be RUNNING, and what closes it
+PARENT_NOTE = ("The report stage closes this run (FINISHED, the report attached). When DVC skips that stage "
+               "because nothing it reads changed, `lopd repro` (`make repro`) closes it after the repro; a bare "
+               "`dvc repro` leaves it RUNNING until `lopd repro` runs.")
+
+
 def _create_parent(client, exp_id: str, params, key: str) -> str:
     """The experiment parent, named after the DVC experiment and commit that created it, with the
     whole params as run params (``MlflowClient.log_batch`` splits them into batches MLflow accepts)."""
     from mlflow.entities import Param
 
-    tags = {EXPERIMENT_KEY_TAG: key, "stage": "experiment", "params_hash": key.split("-")[0], **provenance_tags()}
+    tags = {EXPERIMENT_KEY_TAG: key, "stage": "experiment", "params_hash": key.split("-")[0], **provenance_tags(),
+            "mlflow.note.content": PARENT_NOTE}
     name = names.parent_run(tags[names.DVC_EXP_TAG], git_commit(), tags["params_hash"])
     run_id = retry(client.create_run, exp_id, run_name=name, tags=tags).info.run_id
     cut = mlflow_compat.max_param_length()

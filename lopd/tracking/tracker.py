@@ -168,6 +168,36 @@ def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
     return "ok"
 
 
+def report_files(reports: str | Path) -> list[Path]:
+    """The report files the experiment parent carries: ``reports/*.md``, ``*.json``, the figures and
+    the metrics files."""
+    out = Path(reports)
+    return sorted([*out.glob("*.md"), *out.glob("*.json"), *(out / "figures").glob("*.png"),
+                   *(out / "metrics").rglob("*.json")])
+
+
+def close_experiment(params, root: str | Path) -> str:
+    """The experiment parent FINISHED with the report under ``root/reports`` attached, whoever ran the
+    report: after a repro in which DVC skipped the report stage (nothing it reads changed), the
+    stages that did run left the parent RUNNING. A parent already FINISHED is left alone.
+
+    Returns ``"ok"``, ``"already finished"``, ``"no report"`` (nothing under ``reports/`` to attach:
+    the parent is left as it is) or ``"failed: <cause>"`` (as :func:`log_report_artifacts`)."""
+    files = report_files(Path(root) / "reports")
+    if not files:
+        return "no report"
+    tp = params.tracking
+    try:
+        client = open_client(tp.uri)
+        if retry(client.get_run, experiment_parent_id(params, client)).info.status == "FINISHED":
+            return "already finished"
+    except Exception as e:  # noqa: BLE001 - reported, never hidden
+        msg = error_message(e)
+        handle_failure(tp, msg, first=True)
+        return f"failed: {msg}"
+    return log_report_artifacts(params, files, root=root)
+
+
 def sweep_dead_runs(client, uri: str, exp_id: str) -> list[str]:
     """Mark KILLED every RUNNING run of experiment ``exp_id`` that this host started from a process
     that no longer exists (a stage killed before it could end its run); once per process and store.
