@@ -27,13 +27,14 @@ repro: $(BIN)/.installed
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/lopd repro
 
-# CI runs this: the import contracts (lint-imports), unit suite, the recorded and the warm smoke repro, determinism, report rerun, adding a
-# seed, kill-anywhere, lopd launch fanning out a toy pipeline (the longest end-to-end tests: test-e2e).
+# CI runs this: the import contracts (lint-imports), unit suite, the recorded and the warm smoke repro, golden digests,
+# determinism, report rerun, adding a seed, kill-anywhere, lopd verify, lopd launch fanning out a toy pipeline and its
+# failure paths (a killed job retried, an interrupt, the exclusive lock, the resource check, stale worktrees).
 test: $(BIN)/.installed
 	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
-# The smoke matrix through lopd launch against a serial repro, the lora_r rerun, launch recovery, plots diff.
+# The longest end-to-end tests: the smoke matrix through lopd launch against a serial repro, the lora_r rerun, plots diff.
 test-e2e: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m slow
 

@@ -190,7 +190,8 @@ def _repro(args) -> int:
     from lopd.tracking import close_experiment
 
     state = close_experiment(load_params(args.params, args.profile), Paths.for_params(args.params).root)
-    print(f"lopd repro: MLflow experiment parent: {state}")
+    if state not in ("already finished", "no report"):  # the report stage closed it, or there is none
+        print(f"lopd repro: MLflow experiment parent: {state} (DVC skipped the report stage)")
     return rc
 
 

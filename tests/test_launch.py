@@ -416,7 +416,6 @@ def _kill_group(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
 @needs_ray
 def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     root = _make_toy(tmp_path / "toy", sleep=6)
@@ -590,3 +589,56 @@ def test_bad_launch_input_is_refused_with_its_cause(tmp_path, capsys):
     subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=root, env=_env(), check=True)
     with pytest.raises(BadInput, match="inside the repository"):
         launch(load_launch_params(root / "params.yaml"), root)
+
+
+# ----------------------------------------------------------------------------- the launcher's guards (in make test)
+
+def test_a_second_launch_is_refused_while_one_holds_the_repository(tmp_path, capsys, monkeypatch):
+    """One ``lopd launch`` per repository: while another holds ``launch.lock`` (it owns the worktrees),
+    a second stops at once with exit status 2, naming the lock, and starts nothing."""
+    from filelock import FileLock
+
+    from lopd.launch.main import main
+
+    root = _make_toy(tmp_path / "toy", sleep=0)
+    monkeypatch.chdir(root)
+    held = FileLock(root / ".dvc" / "tmp" / "launch" / "launch.lock")
+    with held.acquire(timeout=0):
+        assert main(["--params", "params.yaml", "--num-cpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "another lopd launch is running" in err and "launch.lock" in err, err
+    assert not (root / "data" / "gen.txt").exists() and not (root / "dvc.lock").exists()
+
+
+@needs_ray
+def test_a_job_larger_than_the_cluster_is_refused_before_it_is_submitted(tmp_path):
+    """The toy's work jobs ask 2 GPUs each; on a local cluster with 1 the launch stops with exit 2 and
+    says which setting asks what, instead of waiting forever."""
+    root = _make_toy(tmp_path / "toy", sleep=0)
+    r = _run(_launch_cmd("params.yaml", tmp_path / "logs", gpus=1, cpus=2), root, _env())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "launch.resources.work asks 2 GPU per job but the Ray cluster has 1" in r.stderr, r.stderr
+    assert not (root / "dvc.lock").exists(), "a stage ran although the launch was refused"
+
+
+def test_worktrees_left_by_an_interrupted_launch_are_removed_on_start(tmp_path):
+    """A launch killed outright leaves its job worktrees (registered with git) and their folders; the
+    next launch, holding the lock, removes them all before it plans (here nothing is out of date: no
+    Ray is started) and keeps the logs."""
+    root = _make_toy(tmp_path / "toy", sleep=0)
+    r = _run([str(BIN / "dvc"), "repro"], root, _env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    wt_root = root / ".dvc" / "tmp" / "launch"
+    stale = wt_root / "work_a-0.1-20260101-000000-1"
+    r = _run(["git", "worktree", "add", "-q", "--detach", str(stale), "HEAD"], root, _env())
+    assert r.returncode == 0, r.stderr
+    (wt_root / "summary.1-20260101-000000-2" / "out").mkdir(parents=True)  # a folder git never registered
+    (wt_root / "logs" / "old").mkdir(parents=True)
+    assert str(stale) in _run(["git", "worktree", "list"], root, _env()).stdout
+
+    r = _run(_launch_cmd("params.yaml", tmp_path / "logs", cpus=1, gpus=0), root, _env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 of 8 stages out of date" in r.stdout, r.stdout
+    assert str(stale) not in _run(["git", "worktree", "list"], root, _env()).stdout
+    assert sorted(p.name for p in wt_root.iterdir() if p.is_dir()) == ["logs"]
+    assert (wt_root / "logs" / "old").is_dir()
