@@ -146,6 +146,24 @@ def swap_dir(new: str | Path, dest: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def copy_checkout(root: str | Path, dst: str | Path, exclude: Iterable[str] = ()) -> Path:
+    """Copy a git checkout's source to ``dst``: its tracked files and the untracked ones git does not
+    ignore, as they are in the working tree (so no DVC output, venv or MLflow store), minus ``exclude``
+    (paths relative to ``root``)."""
+    import shutil
+    import subprocess
+
+    root, dst, skip = Path(root), Path(dst), set(exclude)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for f in files:
+        if f in skip or not (root / f).is_file():
+            continue
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, dst / f)
+    return dst
+
+
 # --------------------------------------------------------------------------- code fingerprints
 FINGERPRINT_SKIP_DIRS = ("__pycache__",)
 FINGERPRINT_SKIP_SUFFIXES = (".pyc",)  # bytecode is not source (.dvcignore keeps it out of DVC's hashes too)

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from lopd.errors import BadInput
+from lopd.utils import copy_checkout
 
 DEFAULT_STAGES = ("prepare", "base", "bank", "bank_draw@0")
 
@@ -53,14 +54,8 @@ def compare(committed: dict[str, dict[str, str | None]], rerun: dict[str, dict[s
 
 
 def scratch_copy(root: Path, dst: Path) -> Path:
-    """The checkout's tracked and untracked-but-not-ignored files copied to ``dst`` (a new git repo)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
-    for f in files:
-        src = root / f
-        if src.is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / f)
+    """The checkout's source and committed ``dvc.lock`` copied to ``dst``, a new git repo (no outputs)."""
+    copy_checkout(root, dst)
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     return dst
 
@@ -77,24 +72,24 @@ def verify(root: str | Path = ".", stages: list[str] | None = None, keep: bool =
     unknown = [s for s in stages if s not in committed]
     if unknown:
         raise BadInput(f"stage(s) {unknown} have no entry in {lock}; stages it records: {', '.join(committed)}")
-    scratch = Path(tempfile.mkdtemp(prefix="lopd-verify-"))
-    t0 = time.time()
+    scratch, t0 = Path(tempfile.mkdtemp(prefix="lopd-verify-")), time.time()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(scratch), os.environ.get("PYTHONPATH")])),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
     try:
-        work = scratch_copy(root, scratch)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        print(f"lopd verify: rerunning {', '.join(stages)} (and what they need) in {work}", flush=True)
-        r = subprocess.run(["dvc", "repro", *stages], cwd=work, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(r.stdout[-3000:] + r.stderr[-3000:], file=sys.stderr)
-            print(f"lopd verify: dvc repro failed (exit {r.returncode}); scratch kept in {work}", file=sys.stderr)
-            keep = True
-            return 1
-        rows = compare(committed, lock_outputs((work / "dvc.lock").read_text()), stages)
-    finally:
-        if not keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+        scratch_copy(root, scratch)
+        print(f"lopd verify: rerunning {', '.join(stages)} (and what they need) in {scratch}", flush=True)
+        r = subprocess.run(["dvc", "repro", *stages], cwd=scratch, env=env, capture_output=True, text=True)
+    except BaseException:  # an interrupted copy or repro leaves nothing behind
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if r.returncode != 0:  # kept: the log and the partial run are what a user needs to see why
+        print(r.stdout[-3000:] + r.stderr[-3000:], file=sys.stderr)
+        print(f"lopd verify: dvc repro failed (exit {r.returncode}); scratch kept in {scratch}", file=sys.stderr)
+        return 1
+    rows = compare(committed, lock_outputs((scratch / "dvc.lock").read_text()), stages)
+    if not keep:
+        shutil.rmtree(scratch, ignore_errors=True)
     for stage, path, same in rows:
         print(f"{'identical' if same else 'DIFFERENT'}  {path}  ({stage})")
     n_diff = sum(not same for _, _, same in rows)

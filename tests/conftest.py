@@ -14,7 +14,6 @@ kill-anywhere chain compares its interrupted ``lopd repro`` with it byte for byt
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,18 +94,9 @@ def copy_repo(dst: Path) -> Path:
     """A clean copy of the tracked source tree for end-to-end tests: no outputs, and no ``dvc.lock``
     (the committed one records the default profile's run; a smoke repro must not start from it, nor
     drag its ~140 entries through every lock rewrite)."""
-    import subprocess
+    from lopd.utils import copy_checkout
 
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        src = REPO / f
-        if not src.is_file() or f == "dvc.lock":
-            continue
-        out = dst / f
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, out)
-    return dst
+    return copy_checkout(REPO, dst, exclude=["dvc.lock"])
 
 
 # --------------------------------------------------------------------------- the shared smoke pipeline
