@@ -375,6 +375,9 @@ def guarded_repro(argv: list[str]) -> int:
         os.environ["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "")])
     from dvc.cli import main as dvc_main
 
+    from lopd.faults import arm_lock_kill
+
+    arm_lock_kill()  # LOPD_KILL_AT=<stage>:lock (fault injection): DVC's rewrite of dvc.lock torn mid-write
     return dvc_main(["repro", *argv])
 
 

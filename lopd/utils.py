@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from lopd.errors import BadInput
+from lopd.faults import kill_point
 
 
 def _clean(x: Any) -> Any:
@@ -53,6 +54,8 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    if ".lopd" not in path.parts:  # fault injection (LOPD_KILL_AT): a kill after a complete output (not a side file)
+        kill_point("write", detail=str(path))
 
 
 def _new_temp(path: Path) -> Path:

@@ -1,7 +1,9 @@
-"""Kill anywhere, rerun, same bytes: on the smoke profile, SIGKILL the whole process
-group of the guarded ``dvc repro`` (``lopd repro``) inside prepare, base, bank,
-cold_start, hpo, a train, an evaluate and the report, and while DVC rewrites ``dvc.lock`` after
-a stage; rerun after each kill, then until done, and compare with one uninterrupted run:
+"""Kill anywhere, rerun, same bytes: on the smoke profile, kill the whole process group of the
+guarded ``dvc repro`` (``lopd repro``) at named points (``LOPD_KILL_AT``, lopd/faults.py): inside a
+step of the search batch (hpo) and of the population trainer (train), after a checkpoint, after an
+output write (evaluate), as MLflow closes a run (train, report), and while DVC rewrites ``dvc.lock``
+after a stage; plus one kill by the clock inside the search. Rerun after each
+kill, then until done, and compare with one uninterrupted run:
 every deterministic output byte-identical, ``dvc status`` clean, no MLflow run left RUNNING, no
 stale lock, no half-written file, no process left behind.
 
@@ -47,8 +49,8 @@ def _env() -> dict:
 class Run:
     """A command in its own process group; its merged stdout/stderr lines, timestamped, on a thread."""
 
-    def __init__(self, cmd: list[str], cwd: Path):
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    def __init__(self, cmd: list[str], cwd: Path, env: dict | None = None):
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1, start_new_session=True)
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -81,15 +83,27 @@ class Run:
         return rc
 
 
-def _setup(root: Path) -> Path:
+# Stages the chain does not kill, taken done from the reference (outputs and dvc.lock entries): the
+# first kill is in the search, and running them again would only cost the chain ~30 s.
+DONE_BEFORE = ("prepare", "base")
+
+
+def _setup(root: Path, ref: Path) -> Path:
     repo = copy_repo(root / "repo")
-    # Start from the committed dvc.lock, as a fresh clone does: with its ~140 entries of the default
-    # profile, DVC's rewrite of the lock after each stage lasts long enough for the "lock" points to
-    # kill it mid-write (a smoke-sized lock is rewritten in microseconds).
-    shutil.copy2(REPO / "dvc.lock", repo / "dvc.lock")
     for cmd in (["git", "init", "-q"], [str(BIN / "lopd"), "apply-profile", "profiles/smoke.yaml"]):
         r = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
+    # Start from the committed dvc.lock, as a fresh clone does: with its ~140 entries of the default
+    # profile it is the size the lock guard meets in use. DONE_BEFORE's entries are the reference's.
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())
+    done = yaml.safe_load((ref / "dvc.lock").read_text())["stages"]
+    for st in DONE_BEFORE:
+        lock["stages"][st] = done[st]
+        for out in done[st]["outs"]:
+            src, dst = ref / out["path"], repo / out["path"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     return repo
 
 
@@ -123,52 +137,37 @@ def smoke_reference(smoke_recorded) -> Reference:
 # ---------------------------------------------------------------- the kill chain
 
 
-def _journal_trials(repo: Path, n: int):
-    """True once the search's journal holds ``n`` created trials (so trial ``n-1`` is running)."""
-    def cond() -> bool:
-        j = repo / "hpo/journal.log"
-        return j.exists() and j.read_text(errors="replace").count('"op_code":4,') >= n
-    return cond
-
-
 @dataclass
 class Point:
-    stage: str      # a stage name or a prefix ("train@lopd": the first such stage that runs)
-    mode: str       # "mid": inside the stage's command; "lock": while DVC rewrites dvc.lock after it
-    # mid: fraction of the reference's command duration, counted from DVC's echo of the command (small:
-    # a chain stage may run up to 4x faster than the reference did and still be killed inside it);
-    # lock: seconds after the write starts
-    at: float = 0.25
-    until: str | None = None  # mid: kill when this happens instead: "trial:<n>" or a file ("{item}": matrix item)
+    stage: str      # the DVC stage (LOPD_KILL_AT's stage), or for "timing" the stage's name prefix
+    point: str      # a lopd.faults point (write, checkpoint, step, mlflow_close, lock), or "timing"
+    nth: int = 1    # the n-th hit of the point in the stage's process
+    at: float = 0.25  # timing only: the fraction of the reference's stage seconds after DVC starts its command
 
-    def condition(self, repo: Path, item: str):
-        if self.until is None:
-            return None
-        if self.until.startswith("trial:"):
-            return _journal_trials(repo, int(self.until[6:]))
-        path = repo / self.until.format(item=item)
-        return path.exists
+    @property
+    def spec(self) -> str:
+        return f"{self.stage}:{self.point}:{self.nth}"
 
 
-# Dense enough to hit DVC's rewrite of dvc.lock: the later "lock" points (hpo, train, evaluate,
-# report: the longer rewrites) kill it mid-write and the guard must restore it; the one after
-# prepare usually lands after the write (the next guard must then find the lock complete).
-# "mid" points kill inside the stage's own command. The later lock points kill as soon as the rewrite
-# starts (delay 0): on a 2-core EPYC the rewrite of the default lock was over before 0.1-0.2 s delays
-# fired (2 torn of 6), which made the >= 3 torn check below a coin toss.
-POINTS = [Point("prepare", "mid", 0.25), Point("prepare", "lock", 0.0), Point("base", "mid", 0.25),
-          Point("bank", "mid"), Point("cold_start", "mid"),
-          Point("hpo", "mid", until="trial:2"), Point("hpo", "lock", 0.0),
-          Point("train@lopd", "mid", until="checkpoints/{item}/meta.json"), Point("train@lopd", "lock", 0.0),
-          Point("evaluate@", "mid"), Point("evaluate@", "lock", 0.0), Point("report", "mid", 0.25),
-          Point("report", "lock", 0.0)]
+# Every kill but one is at a named point (lopd/faults.py): the process that reaches it kills its own
+# process group there, every time. hpo is killed inside a step of its search batch (a population of
+# trials); train@lopd after its first checkpoint, then (resumed from it) inside its next population step,
+# then as its MLflow runs close; evaluate after its first output file; the report as it closes the
+# experiment's parent. The "lock" points tear dvc.lock (half the new lock on disk) and the next guard must
+# restore it. The one kill by the clock (inside the resumed search's command) is a smoke check of a kill
+# nobody chose.
+# Each kill costs a guarded repro's start-up (about 11 s here), so there is one point per kind of state
+# a kill can leave, not one per stage.
+POINTS = [Point("hpo", "step", 3), Point("hpo", "timing"), Point("train@lopd", "checkpoint"),
+          Point("train@lopd", "step"), Point("train@lopd", "mlflow_close"), Point("evaluate@lopd", "write"),
+          Point("evaluate@lopd", "lock"), Point("report", "mlflow_close"), Point("report", "lock")]
 
 
 @dataclass
 class Kill:
     point: Point
     stage: str = "?"
-    inside: str = "?"   # what was running when the process group died
+    hit: str = ""         # named points: the line lopd.faults logged as it killed the group
     lock_after: str = ""  # the problem the next guard finds in dvc.lock, or "complete"
     pgid: int = 0
     guard_said: list[str] = field(default_factory=list)
@@ -184,43 +183,31 @@ def _wait(cond, timeout: float, poll: float = 0.05) -> bool:
     return cond()
 
 
-def _kill_mid(run: Run, i: int, delay: float, cond) -> str:
-    ended = lambda: run.after(i, "Updating lock file") or run.after(i, "Running stage") or run.proc.poll() is not None  # noqa: E731
-    _wait(lambda: run.after(i, "> lopd ") or ended(), 600, poll=0.01)  # DVC echoes the command as it starts it
-    _wait((lambda: ended() or cond()) if cond else ended, 3600 if cond else delay, poll=0.01)
-    inside = "after the command (hashing/committing outputs)" if ended() else "the stage's command"
-    run.kill()
-    return inside
-
-
-def _stat_key(path: Path):
-    try:
-        s = path.stat()
-    except FileNotFoundError:  # the first stage of a clean workspace writes the first dvc.lock
-        return None
-    return s.st_mtime_ns, s.st_size, s.st_ino
-
-
-def _kill_lock(run: Run, i: int, lock: Path, delay: float, timeout: float) -> str:
-    assert _wait(lambda: run.after(i, "Updating lock file") or run.proc.poll() is not None, timeout), "stage hung"
-    before = _stat_key(lock)
-    _wait(lambda: _stat_key(lock) != before or run.proc.poll() is not None, 30, poll=0.0005)
-    time.sleep(delay)
-    run.kill()
-    return "DVC's rewrite of dvc.lock"
-
-
-def _kill_at(repo: Path, point: Point, ref: Reference) -> Kill:
-    k, t0 = Kill(point), time.monotonic()
-    run = Run(GUARDED, repo)
+def _kill_by_time(run: Run, point: Point, ref: Reference) -> str:
+    """The smoke check: SIGKILL the group ``point.at`` of the reference's stage time after DVC starts the
+    first stage named ``point.stage*``. Returns the stage (where it lands is reported, not asserted)."""
     assert _wait(lambda: run.started(point.stage) or run.proc.poll() is not None, 1800, poll=0.02), "no start"
     assert run.proc.poll() is None, f"the repro ended before {point.stage} started:\n{run.text()[-3000:]}"
-    i, k.stage = run.started(point.stage)
-    if point.mode == "mid":
-        cond = point.condition(repo, k.stage.partition("@")[2])
-        k.inside = _kill_mid(run, i, point.at * ref.stage_seconds[k.stage], cond)
+    i, stage = run.started(point.stage)
+    _wait(lambda: run.after(i, "> lopd ") or run.proc.poll() is not None, 600, poll=0.01)
+    time.sleep(point.at * ref.stage_seconds[stage])
+    run.kill()
+    return stage
+
+
+def _kill_at(repo: Path, point: Point, ref: Reference, log: Path) -> Kill:
+    k, t0 = Kill(point), time.monotonic()
+    if point.point == "timing":
+        run = Run(GUARDED, repo)
+        k.stage = _kill_by_time(run, point, ref)
     else:
-        k.inside = _kill_lock(run, i, repo / "dvc.lock", point.at, 4 * ref.stage_seconds[k.stage] + 120)
+        before = log.read_text().splitlines() if log.exists() else []
+        run = Run(GUARDED, repo, {"LOPD_KILL_AT": point.spec, "LOPD_KILL_LOG": str(log)})
+        rc = run.finish(timeout=1800)
+        hits = (log.read_text().splitlines() if log.exists() else [])[len(before):]
+        assert rc == -signal.SIGKILL and len(hits) == 1, \
+            f"{point.spec} was not reached (exit {rc}, kill log {hits}):\n{run.text()[-3000:]}"
+        k.stage, k.hit = point.stage, hits[0]
     from lopd.lockguard import inspect_lock
 
     k.pgid = run.proc.pid
@@ -342,8 +329,9 @@ def _report(ref: Reference, chain: "Chain") -> None:
     print(f"\nreference smoke dvc repro: {ref.seconds:.0f} s; stage seconds: "
           + ", ".join(f"{s} {t:.0f}" for s, t in ref.stage_seconds.items()))
     for n, k in enumerate(chain.kills, 1):
-        print(f"kill {n:2d}: {k.point.mode:4s} {k.stage:22s} inside {k.inside}; dvc.lock after: {k.lock_after}; "
-              f"{k.seconds:.0f} s" + "".join(f"\n          {s}" for s in k.guard_said))
+        print(f"kill {n:2d}: {k.point.spec if k.point.point != 'timing' else k.stage + ' (timing)':28s} "
+              f"dvc.lock after: {k.lock_after}; {k.seconds:.0f} s" + (f"\n          {k.hit}" if k.hit else "")
+              + "".join(f"\n          {s}" for s in k.guard_said))
     print(f"kill chain ({len(chain.kills)} kills + reruns to done): {chain.seconds:.0f} s = {chain.seconds / ref.seconds:.2f} x the reference")
     for cat in ("same", "known", "differs", "missing", "extra"):
         files = [f for f, c in chain.files.items() if c == cat]
@@ -363,14 +351,16 @@ class Chain:
 def kill_chain(smoke_reference, tmp_path_factory) -> Chain:
     """Kill the guarded repro at every point of ``POINTS`` in turn, then rerun it until done."""
     ref = smoke_reference
-    repo = _setup(tmp_path_factory.mktemp("kill_chain"))
+    root = tmp_path_factory.mktemp("kill_chain")
+    repo, log = _setup(root, ref.repo), root / "kills.log"
     t0, kills = time.monotonic(), []
     for point in POINTS:
-        kills.append(k := _kill_at(repo, point, ref))
-        print(f"killed {k.stage} ({point.mode}) inside {k.inside}: dvc.lock {k.lock_after}", flush=True)
+        kills.append(k := _kill_at(repo, point, ref, log))
+        print(f"killed {k.stage} at {point.point}: dvc.lock {k.lock_after}", flush=True)
         assert _wait(lambda: not survivors(repo, k.pgid), 10), f"survived the kill: {survivors(repo, k.pgid)}"
     final = _finish(repo)
-    chain = Chain(repo, kills, final, time.monotonic() - t0, compare_outputs(ref.repo, repo, ref.stages))
+    killed_in = [s for s in ref.stages if s not in DONE_BEFORE]
+    chain = Chain(repo, kills, final, time.monotonic() - t0, compare_outputs(ref.repo, repo, killed_in))
     _report(ref, chain)
     return chain
 
@@ -379,16 +369,30 @@ def _said(run: Run) -> list[str]:
     return [ln for _, ln in run.lines if ln.startswith("lopd repro:")]
 
 
-def test_every_kill_point_was_hit_and_every_torn_lock_restored(kill_chain):
+def test_every_named_point_was_hit_and_every_torn_lock_restored(kill_chain):
     kills = kill_chain.kills
-    for name in ("prepare", "base", "bank", "cold_start", "hpo", "train@lopd", "evaluate@", "report"):
-        assert any(k.point.stage == name and k.inside == "the stage's command" for k in kills), f"no kill inside {name}"
-    torn = [k for k in kills if k.lock_after != "complete"]
-    assert len(torn) >= 3, "the lock-write points missed DVC's rewrite of dvc.lock"
+    for k in kills:
+        if k.point.point != "timing":  # the log line lopd.faults wrote as it killed: this stage, this point
+            assert f" killed at {k.stage}:{k.point.point}:{k.point.nth}" in k.hit, (k.point, k.hit)
+        # a named kill inside a stage's process leaves the lock DVC last wrote; a "lock" kill tears it
+        if k.point.point in ("write", "checkpoint", "step", "mlflow_close"):
+            assert k.lock_after == "complete", k
+        if k.point.point == "lock":
+            assert k.lock_after != "complete", k
     # what each kill left in dvc.lock is what the next guarded repro found and said
     for k, said in zip(kills, [k.guard_said for k in kills[1:]] + [_said(kill_chain.final)]):
         restored = any("restored the last complete lock" in s for s in said)
         assert restored == (k.lock_after != "complete"), (k, said)
+
+
+def test_runs_killed_while_closing_are_marked_killed(kill_chain):
+    """A stage killed as its MLflow run closes leaves it RUNNING; the reruns mark it KILLED (the report's
+    parent, killed as it closed, is FINISHED by the report's rerun)."""
+    closing = {k.point.stage: k.hit.rsplit(" ", 1)[1] for k in kill_chain.kills if k.point.point == "mlflow_close"}
+    with sqlite3.connect(kill_chain.repo / "mlflow.db") as con:
+        status = dict(con.execute("SELECT run_uuid, status FROM runs").fetchall())
+    assert status[closing["train@lopd"]] == "KILLED", closing
+    assert status[closing["report"]] == "FINISHED", closing
 
 
 def test_the_rerun_after_kills_gives_the_same_bytes(kill_chain, smoke_reference):

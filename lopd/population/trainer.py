@@ -41,6 +41,7 @@ from lopd.engine.evaluation import evaluate_members
 from lopd.engine.rollout import rollout_batch
 from lopd.engine.sampling import seeds_from_generator
 from lopd.errors import BadInput
+from lopd.faults import kill_point
 from lopd.model.chat import pad_sequences
 from lopd.training.checkpoint import (load_checkpoint, load_trainer_state, prefixed, save_checkpoint,
                                       trainer_state, trainer_tensors)
@@ -228,6 +229,7 @@ class Population:
                 tr.zero_grad()
         if losses:
             sum(losses[1:], losses[0]).backward()  # disjoint parameters: each member gets its own loss's gradient
+        kill_point("step", detail=f"step {self.step + 1}")  # fault injection: gradients taken, no update yet
         for tr, take in zip(self.trainers, takes):
             if take:
                 tr.optimiser_step()

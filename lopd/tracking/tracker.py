@@ -11,6 +11,7 @@ from typing import Any
 
 from lopd.compat import mlflow as mlflow_compat
 from lopd.errors import BadInput
+from lopd.faults import kill_point
 from lopd.tracking.store import (HOST_TAG, PID_TAG, end_run, error_message, experiment_id, experiment_parent_id,
                                  handle_failure, lock_contention, open_client, provenance_tags, retry)
 
@@ -135,6 +136,7 @@ class Tracker:
         if self.ok:
             try:
                 self._check_pending()
+                kill_point("mlflow_close", detail=self.run_id)  # fault injection: the run stays RUNNING
                 end_run(self.tp.uri, self.run_id, status)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
@@ -160,6 +162,7 @@ def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
             rel = p.relative_to(root) if root is not None else p
             where = str(rel.parent) if not rel.is_absolute() and str(rel.parent) != "." else None
             retry(client.log_artifact, parent, str(p), where)
+        kill_point("mlflow_close", detail=parent)  # fault injection: the parent stays RUNNING
         end_run(tp.uri, parent, "FINISHED")
     except Exception as e:  # noqa: BLE001 - reported, never hidden
         msg = error_message(e)

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lopd.errors import BadInput
+from lopd.faults import kill_point
 from lopd.utils import (atomic_output, atomic_write_text, hash_files, sha256_file, swap_dir, verify_files,
                         write_manifest)
 
@@ -37,6 +38,7 @@ def save_checkpoint(ckpt_dir: Path, tensors: dict[str, torch.Tensor], state: dic
     torch.save(state, tmp / "state.pt")
     write_manifest(tmp / "meta.json", hash_files(tmp, CHECKPOINT_FILES), sort_keys=False, end="")
     swap_dir(tmp, ckpt_dir)
+    kill_point("checkpoint", detail=str(ckpt_dir))
 
 
 def load_checkpoint(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

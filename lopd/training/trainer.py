@@ -41,6 +41,7 @@ from lopd.arms import ArmSpec
 from lopd.bank import ExperienceBank
 from lopd.envs.base import Task, stratified
 from lopd.errors import BadInput, RunFailed
+from lopd.faults import kill_point
 from lopd.engine.evaluation import evaluate_policy
 from lopd.model.backbone import Backbone
 from lopd.model.composer import Composer
@@ -263,6 +264,7 @@ class Trainer:
         self.zero_grad()
         if loss is not None:
             loss.backward()
+        kill_point("step", detail=f"step {self.step + 1}")  # fault injection: gradients taken, no update yet
         self.optimiser_step()
 
     def _dual_update(self, m: dict) -> None:
