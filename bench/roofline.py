@@ -145,19 +145,20 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 5, 10])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="S")
+    ap.add_argument("--attention", choices=["default", "math"], default="default",
+                    help="SDPA backend of every timed pass (default: what torch picks, flash on this CPU)")
     args = ap.parse_args()
     if args.workdir:
         os.chdir(args.workdir)
     else:
         workspace()
 
+    import contextlib
+
     import torch
     import yaml
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from lopd.arms import ARMS
-    from lopd.paths import Paths
-    from lopd.population.trainer import Member, Population
-    from lopd.stages.common import load_resources
     from lopd.training.trainer import HParams
 
     p = params()
@@ -169,6 +170,20 @@ def main() -> None:
     print(f"arm lopd at K {hp.K}, n_ret {hp.n_ret}, m {hp.margin}; {hp.tasks_per_step} rollouts per member; "
           f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores; medians of {args.repeats} repeats")
     rows = []
+    # the rollouts are drawn with the default backend either way: only the timed passes change
+    backend = (lambda: sdpa_kernel([SDPBackend.MATH])) if args.attention == "math" else contextlib.nullcontext
+    _sizes(args, p, hp, rows, backend)
+    _summary(rows)
+
+
+def _sizes(args, p, hp, rows, backend) -> None:
+    import torch
+
+    from lopd.arms import ARMS
+    from lopd.paths import Paths
+    from lopd.population.trainer import Member, Population
+    from lopd.stages.common import load_resources
+
     for S in args.sizes:
         res = load_resources(p, Paths(Path.cwd()), role="train")
         pop = Population(res, ARMS["lopd"], [Member(hp, seed) for seed in range(S)])
@@ -179,6 +194,8 @@ def main() -> None:
         meter = Meter()
         instrument(res.bb, [tr.composer for tr in pop.trainers], meter)
         runs = []
+        timed = backend()
+        timed.__enter__()
         for _ in range(args.repeats + 1):
             meter.seconds, meter.positions = {}, {}
             t0 = time.perf_counter()
@@ -215,8 +232,9 @@ def main() -> None:
                              for b in batches])
         attn = (ids != res.bb.fmt.pad_id).long()
         bare_s = bare_model(res.bb, ids, attn, args.repeats)
+        timed.__exit__(None, None, None)
         bare_flops = 3 * pass_flops(fm, N, T, lora=False)
-        rows.append((S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops))
+        rows.append((S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops, fm))
         print(f"\nS = {S}: {N} rollouts of width {T}; {n_exp} retrieved experiences of padded width {w_exp}; "
               f"prefix {prefix} latents")
         print(f"  {'pass':18s} {'positions':>9s} {'seconds':>8s} {'positions/s':>12s} {'GFLOP':>7s} {'GFLOP/s':>8s}")
@@ -229,12 +247,16 @@ def main() -> None:
               f"(student positions/s, bench/population.py's 'pass tokens/s': {pos['student'] / total_s:.0f})")
         print(f"  {'bare model':18s} {ids.numel():>9d} {bare_s:>8.3f} {ids.numel() / bare_s:>12.0f} "
               f"{bare_flops / 1e9:>7.3f} {bare_flops / 1e9 / bare_s:>8.2f}   (forward + NLL + backward, no adapters)")
+
+
+def _summary(rows) -> None:
+    fm = rows[0][-1] if rows else None
     print(f"\nFLOP model: {fm['linear']:,} linear weights met per position (decoder + LM head), LoRA "
           f"{fm['lora']:,}, attention {fm['attn_per_key']:,} FLOPs per (position, key) over all layers; "
           "backward 2x the forward of the student and composer passes, 1x the teacher's")
     print(f"{'S':>3} {'passes s':>9} {'passes pos/s':>13} {'passes GFLOP/s':>15} {'bare pos/s':>11} "
           f"{'bare GFLOP/s':>13} {'passes/bare (pos/s)':>20}")
-    for S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops in rows:
+    for S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops, _ in rows:
         n_bare = all_pos / total_s
         bare_pps = pos["student"] / bare_s
         print(f"{S:>3} {total_s:>9.3f} {n_bare:>13.0f} {(fwd + bwd) / 1e9 / total_s:>15.2f} {bare_pps:>11.0f} "

@@ -103,3 +103,35 @@ def test_lora_targets_come_from_peft_defaults_with_an_override():
     assert lora_targets(fake("qwen3"), ["q_proj", "k_proj"]) == ["q_proj", "k_proj"]
     with pytest.raises(BadInput, match="lora_target_modules"):
         lora_targets(fake("no-such-arch"), None)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hidden_states_skip_the_lm_head_and_equal_the_causal_lms_last_hidden_state(arch):
+    """Backbone.hidden_states runs the decoder without its LM head; it must be the very tensor the causal
+    LM reports as ``hidden_states[-1]`` (after the final norm), and carry the same gradient to the LoRA."""
+    from lopd.model.backbone import Backbone, build_tiny_model
+    from lopd.model.tokenizer import build_tokenizer, env_vocabulary
+    from tests.conftest import default_params
+
+    mp = default_params({"model": dict(arch=arch, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                       intermediate_size=64, device="cpu", dtype="float32")}).model
+    tok = build_tokenizer(env_vocabulary(["tool", "code"]))
+    bb = Backbone(build_tiny_model(mp, tok, seed=0), tok, mp, arch=arch)
+    for p in bb.adapter_params("composer"):
+        torch.nn.init.normal_(p, std=0.1)  # B starts at 0: give the adapter a gradient path through A too
+    ids = torch.randint(3, len(tok), (3, 12))
+    attn = torch.ones_like(ids)
+    attn[1, 8:] = 0
+    grads = []
+    for lean in (True, False):
+        bb.model.zero_grad(set_to_none=True)
+        if lean:
+            h = bb.hidden_states(ids, attn)
+        else:
+            bb.mode("composer")
+            h = bb.model(input_ids=ids, attention_mask=attn, output_hidden_states=True, use_cache=False).hidden_states[-1]
+        (h * torch.linspace(-1, 1, h.shape[-1])).sum().backward()
+        grads.append((h.detach(), [p.grad.clone() for p in bb.adapter_params("composer")]))
+    (h1, g1), (h2, g2) = grads
+    assert torch.equal(h1, h2)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))  # bitwise: the LM head took no part in either

@@ -318,10 +318,11 @@ class Backbone:
         return out[:, L:]
 
     def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor, role: str = "composer") -> torch.Tensor:
-        """Last-layer hidden states (N, S, d) under ``role`` (the composer encoder by default)."""
+        """Last-layer hidden states (N, S, d) under ``role`` (the composer encoder by default), after the
+        final norm: the decoder without its LM head (the logits were never read; the same tensor as the
+        causal LM's ``hidden_states[-1]``, tests/test_model.py)."""
         self.mode(role)
-        out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=True, use_cache=False)
-        return out.hidden_states[-1]
+        return self.model.get_base_model().base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
 
     # ------------------------------------------------------------------ adapter state
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
