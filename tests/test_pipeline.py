@@ -3,6 +3,7 @@ smoke profile in a scratch copy of the repository."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -216,6 +217,13 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     assert len(set(seeds_used)) == len(final_seeds) and params["bank"]["seed"] not in seeds_used, seeds_used
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert set(summary["test_reward"]) == set(arms)
+    # every finished trial of the search kept its margin path (β and Δ(φ) by step, per seed)
+    with open(repo / "hpo/trials.csv", newline="") as f:
+        trials = {r["number"] for r in csv.DictReader(f)}
+    with open(repo / "hpo/margin_paths.csv", newline="") as f:
+        paths = list(csv.DictReader(f))
+    assert {r["trial"] for r in paths} == trials and all(r["beta"] != "" for r in paths)
+    assert "## What the margin did" in (repo / "reports/search.md").read_text()
     # MLflow: one tree per experiment, the report on its parent, no run left RUNNING
     from tests.test_tracking_tree import assert_one_tree
 

@@ -265,3 +265,27 @@ def test_population_size_trains_the_runs_in_several_populations(resources, works
         a = torch.cat([v.flatten() for _, v in sorted(split[s].items())])
         b = torch.cat([v.flatten() for _, v in sorted(whole[s].items())])
         assert float((a - b).norm() / b.norm()) <= 1e-4, f"seed {s}"
+
+
+def test_a_frozen_composers_context_is_its_primed_latents_and_runs_no_composer_pass(resources, workspace, monkeypatch):
+    """lopd_frozen keeps φ at φ0, so its per-step latents are c_φ0, computed once in prime(): the context
+    it builds equals the composer's output on the same tasks (to 1e-5: another batch, another padding),
+    and neither a run alone nor a population runs the composer's encoder during a step."""
+    tr = Trainer(resources, ARMS["lopd_frozen"], _hp(workspace), seed=SEED)
+    tr.prepare()
+    tasks = tr.sample_tasks()
+    with torch.no_grad():
+        fresh = tr.composer([tr.context.experiences_for(t) for t in tasks], tr.hp.K)
+    encodes = []
+    hidden = type(resources.bb).hidden_states
+    monkeypatch.setattr(type(resources.bb), "hidden_states", lambda self, *a, **k: encodes.append(1) or hidden(self, *a, **k))
+    ctx = tr.context.build(tasks)
+    assert torch.allclose(ctx.prefix, fresh, rtol=0, atol=1e-5) and float(fresh.abs().max()) > 0
+    assert not ctx.prefix.requires_grad
+    pop = Population(resources, ARMS["lopd_frozen"], [Member(_hp(workspace), s) for s in (SEED, 0)])
+    for m in pop.trainers:
+        m.prepare()  # prime(): the one composer pass per task
+    encodes.clear()
+    tr.train_step()
+    pop.train_step()
+    assert encodes == [], "a frozen composer ran its encoder during a step"

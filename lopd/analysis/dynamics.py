@@ -240,13 +240,17 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE)
 def render_margin_dynamics(info: dict) -> str:
     m, rows = info["m"], info["rows"]
     md = ["# Margin dynamics", "", "Figure: `figures/margin_dynamics.png` (mean over seeds, band = min–max); data: "
-          "`plots/margin_dynamics.csv`.",
+          "`plots/margin_dynamics.csv`.", "β is the dual variable of Δ(φ) ≥ m: it weights φ's Δ(φ) term in the "
+          "composer's loss (β·(m − Δ(φ))), not the student's distillation. Where Δ(φ) stays below m, β rises by about "
+          "η_β·m per step whatever φ does (a β ramp); a binding margin holds β level with Δ(φ) at m.",
           f"Margin m (from the lopd runs' hparams): {fmt(m, 4) if m is not None else 'MISSING (no lopd run)'}.", "",
           "Flags (only arms whose margin constraint is active: " + ", ".join(MARGIN_ARMS) + "; the other arms are "
           "listed for reference only):",
           "- **β grows without bound**: β still increasing over the last 25% of steps (positive slope and last > "
           "first in that window) and final β > 5 × β at mid-run;",
-          "- **infeasible_margin**: the run itself reported the margin infeasible (result.json);",
+          "- **infeasible_margin**: the run itself reported the margin infeasible (result.json): β went above "
+          "`train.beta_max`, or Δ(φ) stayed below m for `train.infeasible_patience` steps in a row. `beta_max` only "
+          "flags; it does not cap β;",
           "- **Δ never reaches m**: max over steps of Δ(φ) < m.", "", *_constraint_legend(m), ""]
     if not rows:
         return "\n".join(md + ["MISSING: no runs of " + ", ".join(DYNAMICS_ARMS) + "."])

@@ -1,8 +1,13 @@
 """``reports/search.md``: what the validation search can tell apart, and what every arm was tuned on.
 
-Reads the hpo stage's outputs only (``hpo/trials.csv``, ``hpo/selection.json``,
+Reads the hpo stage's outputs only (``hpo/trials.csv``, ``hpo/margin_paths.csv``, ``hpo/selection.json``,
 ``hpo/baselines.yaml``; the selection logic is :mod:`lopd.hpo.selection`) and the runs'
 ``result.json`` (the hyper-parameters each final run used).
+
+Each trial's margin behaviour is the constraint status of each of its seeds' runs
+(:func:`lopd.analysis.dynamics.constraint_status`: binds / slack / degenerates / unsettled, over the
+last quarter of its steps) and its β path; the selected trial's is spelled out, because at a margin Δ(φ)
+never reaches, dual ascent raises β by about η_β·m per step whatever φ does: an open-loop β ramp.
 """
 
 from __future__ import annotations
@@ -10,8 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+from lopd.analysis.dynamics import constraint_status
 from lopd.analysis.loading import num, read_csv_rows
 from lopd.analysis.render import fmt, md_table
 
@@ -25,9 +32,83 @@ def load_search(root: Path) -> dict | None:
     sel_path = root / "hpo" / "selection.json"
     if not sel_path.exists():
         return None
-    base_path = root / "hpo" / "baselines.yaml"
+    base_path, paths = root / "hpo" / "baselines.yaml", root / "hpo" / "margin_paths.csv"
     return {"selection": json.loads(sel_path.read_text()), "trials": read_csv_rows(root / "hpo" / "trials.csv"),
-            "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None}
+            "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None,
+            "margins": trial_margins(read_csv_rows(paths)) if paths.exists() else None}
+
+
+def trial_margins(rows: list[dict]) -> dict[str, dict]:
+    """Per trial (its number as a string): m, each seed's constraint status, the largest Δ(φ) any seed reached,
+    β at the end (mean over seeds), β's fitted rise per step, and the β path (mean over seeds at each step)."""
+    by: dict[str, dict[str, dict[str, list]]] = {}
+    for r in rows:
+        run = by.setdefault(str(r["trial"]), {}).setdefault(str(r["seed"]), {"m": num(r.get("margin")), "step": [],
+                                                                               "beta": [], "delta_phi": []})
+        for k in ("step", "beta", "delta_phi"):
+            v = num(r.get(k))
+            run[k].append(np.nan if v is None else v)
+    out = {}
+    for trial, seeds in by.items():
+        hists = [{k: np.asarray(v, dtype=float) for k, v in run.items() if k != "m"} for run in seeds.values()]
+        m = next(iter(seeds.values()))["m"]
+        steps = hists[0]["step"]
+        betas = np.vstack([h["beta"] for h in hists]) if len({h["step"].size for h in hists}) == 1 else None
+        path = np.nanmean(betas, axis=0) if betas is not None else hists[0]["beta"]
+        ok = np.isfinite(path) & np.isfinite(steps)
+        deltas = np.concatenate([h["delta_phi"] for h in hists])
+        out[trial] = {"m": m, "status": [constraint_status(h, m)["status"] for h in hists],
+                      "max_delta": float(np.nanmax(deltas)) if np.isfinite(deltas).any() else None,
+                      "beta_final": float(path[ok][-1]) if ok.any() else None,
+                      "beta_per_step": float(np.polyfit(steps[ok], path[ok], 1)[0]) if ok.sum() >= 2 else None,
+                      "steps": steps[ok].tolist(), "beta_path": path[ok].tolist()}
+    return out
+
+
+def _status_cell(t: dict | None) -> str:
+    if not t:
+        return "—"
+    counts = {s: t["status"].count(s) for s in dict.fromkeys(t["status"])}
+    return ", ".join(f"{s}" + (f" ×{n}" if n > 1 else "") for s, n in counts.items())
+
+
+def _margin_section(search: dict) -> list[str]:
+    """What the margin did: at the selected point (status, β path), and across the search."""
+    margins, sel = search.get("margins"), search["selection"]
+    md = ["## What the margin did", ""]
+    if not margins:
+        return md + ["MISSING: hpo/margin_paths.csv (a search run before it was recorded): the trials' margin "
+                     "behaviour is unknown.", ""]
+    t = margins.get(str(sel["selected"]))
+    if t is None:
+        md += [f"The selected trial {sel['selected']} has no recorded margin path.", ""]
+    else:
+        quarter = sorted({int(round(q * (len(t["steps"]) - 1))) for q in (0, 0.25, 0.5, 0.75, 1.0)}) if t["steps"] else []
+        path = ", ".join(f"step {int(t['steps'][i])}: {fmt(t['beta_path'][i], 2)}" for i in quarter)
+        md += [f"At the selected point (trial {sel['selected']}, m = {fmt(t['m'], 3)}) the constraint's status is "
+               f"**{_status_cell(t)}** (one per seed's run, over the last quarter of its steps). Δ(φ) reached at "
+               f"most {fmt(t['max_delta'], 4)}; β (mean over seeds) went {path}, a fitted rise of "
+               f"{fmt(t['beta_per_step'], 3)} per step.", ""]
+        if t["status"] and all(s == "degenerates" for s in t["status"]):
+            md += ["**The margin never binds at the selected point: Δ(φ) stays below m, so dual ascent "
+                   "(β ← max(0, β + η_β(m − Δ))) raises β by about η_β·m every step whatever φ does. The tested "
+                   "objective is a β ramp, not the paper's binding privilege margin.** β weights φ's Δ(φ) term in "
+                   "the composer's loss, not the student's distillation; `train.beta_max` only flags a run "
+                   "infeasible, it does not cap β.", ""]
+    statuses = [s for tr in margins.values() for s in tr["status"]]
+    counts = ", ".join(f"{s} {statuses.count(s)}" for s in dict.fromkeys(statuses))
+    md += [f"Across the search's {len(margins)} trials ({len(statuses)} runs): {counts}."]
+    binds = [n for n, tr in margins.items() if "binds" in tr["status"]]
+    reached = max(((tr["max_delta"], n) for n, tr in margins.items() if tr["max_delta"] is not None), default=None)
+    positive = [tr["m"] for tr in margins.values() if tr["m"] is not None and tr["m"] > 0]
+    if binds:
+        md += [f"Trials whose margin binds in at least one seed: {', '.join(sorted(binds, key=int))}."]
+    elif all(s == "too short" for s in statuses):
+        md += ["No run was long enough to tell whether its margin binds."]
+    elif reached is not None:
+        md += [f"**No trial's margin binds.** The largest Δ(φ) any run reached is {fmt(reached[0], 4)} (trial "
+               f"{reached[1]}); the smallest positive m tried is {fmt(min(positive), 3) if positive else '—'}."]
+    return md + [""]
 
 
 def search_metrics(search: dict | None) -> dict:
@@ -69,7 +150,8 @@ def render_search(search: dict | None, runs: dict) -> str:
            f"{RULES.get(sel['rule'], sel['rule'])}. Two trials are *tied* when the paired difference of their per-task "
            f"validation rewards (common random numbers: the same tasks and sampling seeds in every trial) has a "
            f"{100 * (1 - sel['alpha']):.0f}% t-interval holding 0.", ""]
-    md += _verdict(sel) + ["", "## Trials", ""]
+    md += _verdict(sel) + [""] + _margin_section(search) + ["## Trials", ""]
+    margins = search.get("margins") or {}
     rows = []
     for t in search["trials"]:
         n = str(t.get("number"))
@@ -81,9 +163,11 @@ def render_search(search: dict | None, runs: dict) -> str:
                                                             if vs else "—"),
                      "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
                      *(str(t.get(k, "")) for k in ("margin", "K", "n_ret", "lr_student")),
+                     _status_cell(margins.get(n)), fmt((margins.get(n) or {}).get("max_delta"), 4),
+                     fmt((margins.get(n) or {}).get("beta_final"), 2),
                      "**selected**" if n == str(sel["selected"]) else ""])
     md.append(md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", "m", "K", "n_ret",
-                        "lr", ""], rows))
+                        "lr", "constraint (per seed)", "max Δ(φ)", "β end", ""], rows))
     values = {num(t.get("value")) for t in search["trials"] if t.get("state") == "COMPLETE"}
     if len(values) == 1 and len([t for t in search["trials"] if t.get("state") == "COMPLETE"]) > 1:
         md += ["", "**Every completed trial scored exactly the same validation reward: the search told nothing apart.**"]

@@ -30,7 +30,7 @@ from lopd.errors import BadInput
 from lopd.utils import clean_json, write_json
 
 REPORT_DIR = "reports"
-OPTIONAL_FILES = ("hpo/trials.csv", "hpo/best_params.yaml", "hpo/selection.json", "hpo/baselines.yaml",
+OPTIONAL_FILES = ("hpo/trials.csv", "hpo/margin_paths.csv", "hpo/best_params.yaml", "hpo/selection.json", "hpo/baselines.yaml",
                   "results/sensitivity/grid.csv", "dvc.yaml",
                   "data/splits/manifest.json")
 INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, design check, tests, verdict"),

@@ -105,7 +105,8 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
     the pruner. A pruned trial's members keep training (they share the batch), but the trial is told
     PRUNED, with no value or per-task rewards of its own (as a pruned trial alone). Otherwise its value
     is the mean over its seeds of the final validation on all val tasks and its user attribute
-    ``val_per_task`` the per-task mean over its seeds (what the selection pairs trials by).
+    ``val_per_task`` the per-task mean over its seeds (what the selection pairs trials by). Every trial,
+    pruned or not, keeps ``margin_path``: per seed, its run's β and Δ(φ) by step (what the margin did).
     ``naming`` and ``parent_run_id``: the members' MLflow runs (:func:`~lopd.population.points.train_points`).
     """
     from lopd.population.points import train_points
@@ -122,9 +123,12 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
                           label=f"trials {trials[0].number}-{trials[-1].number}")
     out = []
     for t, per_seed in enumerate(scores):
+        # what the margin did in each seed's run (β and Δ(φ) by step), pruned or not: the report's constraint status
+        path = {"margin_path": [{"seed": seed, **s.margin_path} for seed, s in zip(seeds, per_seed)]}
         if pruned[t]:
-            out.append(Outcome(None, pruned=True))
+            out.append(Outcome(None, pruned=True, attrs=path))
             continue
         out.append(Outcome(sum(s.val_reward for s in per_seed) / len(per_seed),
-                           attrs={"val_per_task": [sum(x) / len(x) for x in zip(*(s.val_per_task for s in per_seed))]}))
+                           attrs={"val_per_task": [sum(x) / len(x) for x in zip(*(s.val_per_task for s in per_seed))],
+                                  **path}))
     return out

@@ -37,6 +37,7 @@ from lopd.utils import atomic_write_text, write_csv, write_json
 TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "tied_with_best", "margin", "K", "n_ret",
                  "lr_student"]
 BASELINE_COLUMNS = ["arm", "lr_student", "seed", "val_reward"]
+MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
 
 
 def horizon(params) -> int:
@@ -200,6 +201,7 @@ def finished_trials(study) -> list:
 
 def write_outputs(study, out_dir: Path, params) -> dict:
     """``trials.csv`` (every finished trial with its val CI and whether it ties with the best),
+    ``margin_paths.csv`` (:func:`margin_path_rows`: what the margin did in each trial's runs),
     ``selection.json`` (:func:`lopd.hpo.selection.select`) and ``best_params.yaml`` (the point the
     registered tie rule selects, its tie count and the rule)."""
     from lopd.errors import RunFailed
@@ -217,6 +219,7 @@ def write_outputs(study, out_dir: Path, params) -> dict:
              "ci_high": (ci.get(str(t.number)) or {}).get("high"), "tied_with_best": t.number in tied, **t.point}
             for t in scores]
     write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
+    write_csv(out_dir / "margin_paths.csv", margin_path_rows(done), MARGIN_PATH_COLUMNS)
     write_json(out_dir / "selection.json", sel)
     p = sel["point"]
     best = {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
@@ -224,6 +227,18 @@ def write_outputs(study, out_dir: Path, params) -> dict:
             "trial": sel["selected"], "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "selected_on": "val"}
     atomic_write_text(out_dir / "best_params.yaml", yaml.safe_dump(best, sort_keys=True))
     return best
+
+
+def margin_path_rows(trials) -> list[dict]:
+    """One row per (trial, seed, step): the trial's m, and that seed's β and Δ(φ) after the step (the
+    ``margin_path`` user attribute :func:`lopd.hpo.batches.train_trials` keeps; a trial without one: no rows)."""
+    rows = []
+    for t in trials:
+        for path in t.user_attrs.get("margin_path", ()):
+            cols = [path.get(k, ()) for k in ("step", "beta", "delta_phi")]
+            rows += [{"trial": t.number, "seed": path["seed"], "margin": t.params.get("margin"), "step": int(s),
+                      "beta": b, "delta_phi": d} for s, b, d in zip(*cols)]
+    return rows
 
 
 def interrupted_trials(study) -> int:

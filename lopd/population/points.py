@@ -7,16 +7,32 @@ every member on all val tasks, as a run alone ends (:func:`lopd.training.run.run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+
+MARGIN_PATH = ("step", "beta", "delta_phi")  # what a run's margin did, per step (its history.csv columns)
 
 
 @dataclass
 class Score:
-    """A (point, seed) run's final validation: its mean reward and the per-task rewards."""
+    """A (point, seed) run's final validation: its mean reward and the per-task rewards; and its margin
+    path: ``MARGIN_PATH``'s columns of its history, step by step (nan where a step logged none)."""
 
     val_reward: float
     val_per_task: list[float]
+    margin_path: dict[str, list[float]] = field(default_factory=dict)
+
+
+def read_margin_path(history_csv) -> dict[str, list[float]]:
+    """``MARGIN_PATH``'s columns of a run's ``history.csv`` (a column it lacks: absent)."""
+    import csv
+    import math
+
+    with open(history_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    num = lambda v: float(v) if v not in (None, "") else math.nan  # noqa: E731
+    return {k: [num(r.get(k)) for r in rows] for k in MARGIN_PATH if rows and k in rows[0]}
 
 
 def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int], *, steps: int, val_every: int,
@@ -56,7 +72,8 @@ def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int
                 jobs.append(Job(seed, HParams.from_params(params, **{**point, "steps": steps, "val_every": val_every}),
                                 scratch / f"{p}-{seed}", tags=tags, run_name=name, on_val=on_val(p)))
         done = run_jobs(params, res, arm_name, jobs, parent_run_id=parent_run_id, label=label)
+        paths = [read_margin_path(j.out_dir / "history.csv") for j in jobs]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return [[Score(done[p * len(seeds) + s][0]["val_reward"], done[p * len(seeds) + s][0]["val_per_task"])
-             for s in range(len(seeds))] for p in range(len(points))]
+    return [[Score(done[p * len(seeds) + s][0]["val_reward"], done[p * len(seeds) + s][0]["val_per_task"],
+                   paths[p * len(seeds) + s]) for s in range(len(seeds))] for p in range(len(points))]

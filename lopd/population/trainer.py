@@ -198,8 +198,8 @@ class Population:
     def _contexts(self, batches: list[dict]) -> list:
         """Each member's teacher context; the composers' encoder pass runs once for all members."""
         trs, bb = self.trainers, self.bb
-        if not (self.arm.context == "latent" and trs[0].composer is not None):
-            return [tr.context.build(b["tasks"]) for tr, b in zip(trs, batches)]
+        if not (self.arm.context == "latent" and trs[0].composer is not None and self.arm.train_composer):
+            return [tr.context.build(b["tasks"]) for tr, b in zip(trs, batches)]  # no composer pass to batch
         exps = [[tr.context.experiences_for(t) for t in b["tasks"]] for tr, b in zip(trs, batches)]
         flat = [x for e in exps for per_task in e for x in per_task]
         owner = torch.tensor([i for i, e in enumerate(exps) for per_task in e for _ in per_task], dtype=torch.long)

@@ -1,7 +1,8 @@
 """The teacher's privileged context: what the frozen teacher is conditioned on, per arm.
 
 * ``text``    — the raw token ids of the ``n_ret`` retrieved trajectories (OPSD with text context);
-* ``latent``  — ``c_φ``: the composer's ``K`` latent vectors per retrieved trajectory (LOPD);
+* ``latent``  — ``c_φ``: the composer's ``K`` latent vectors per retrieved trajectory (LOPD); a
+  frozen composer's (lopd_frozen) are ``c_φ0``, computed once per task before training and reused;
 * ``learned`` — one learned context of ``n_ret·K`` vectors shared by every task, no retrieval
   (``lopd_nocontent``): separates "any success-conditioned context" from retrieved *content*;
   it starts at the mean of ``c_φ0`` over the train tasks and is anchored there.
@@ -81,10 +82,11 @@ class ContextBuilder:
             c = self.learned.unsqueeze(0).expand(len(tasks), -1, -1)
             c0 = self._learned0.unsqueeze(0).expand(len(tasks), -1, -1)
         else:
-            c = latents if latents is not None else self.composer([self.experiences_for(t) for t in tasks], self.hp.K)
-            if not self.arm.train_composer:
-                c = c.detach()
             c0 = torch.stack([self._anchor(t) for t in tasks])
+            if self.arm.train_composer:
+                c = latents if latents is not None else self.composer([self.experiences_for(t) for t in tasks], self.hp.K)
+            else:  # a frozen composer (lopd_frozen) is φ0 for good: its latents are c_φ0, computed once in prime()
+                c = c0
         mask = torch.ones(c.shape[:2], dtype=torch.long, device=c.device)
         return TeacherContext(prefix=c, mask=mask, latent=True, c_phi=c, c_phi0=c0)
 
