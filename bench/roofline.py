@@ -102,13 +102,13 @@ def flop_model(cfg, lora_r: int, targets: list[str]) -> dict:
               "down_proj": (cfg.intermediate_size, d)}
     linear = L * sum(i * o for i, o in shapes.values()) + d * V
     lora = L * sum(lora_r * (i + o) for name, (i, o) in shapes.items() if name in targets)
-    return {"linear": linear, "lora": lora, "attn_per_key": 4 * cfg.num_attention_heads * hd * L}
+    return {"linear": linear, "head": d * V, "lora": lora, "attn_per_key": 4 * cfg.num_attention_heads * hd * L}
 
 
-def pass_flops(fm: dict, rows: int, width: int, keys_extra: int = 0, lora: bool = True) -> float:
+def pass_flops(fm: dict, rows: int, width: int, keys_extra: int = 0, lora: bool = True, head: bool = True) -> float:
     """Forward FLOPs of ``rows`` sequences of ``width`` positions (causal: position t attends to t+1 keys,
-    plus ``keys_extra`` prefix keys)."""
-    per_pos = 2 * (fm["linear"] + (fm["lora"] if lora else 0))
+    plus ``keys_extra`` prefix keys); ``head``: the LM head runs (the composer's encoder skips it)."""
+    per_pos = 2 * (fm["linear"] - (0 if head else fm["head"]) + (fm["lora"] if lora else 0))
     keys = width * (width + 1) / 2 + width * keys_extra
     return rows * (width * per_pos + fm["attn_per_key"] * keys)
 
@@ -222,7 +222,7 @@ def _sizes(args, p, hp, rows, backend) -> None:
         n_exp = pos["composer encoder"] and N * hp.n_ret
         w_exp = pos["composer encoder"] // max(n_exp, 1)
         f = {"student": pass_flops(fm, N, T), "teacher": pass_flops(fm, N, T, keys_extra=prefix, lora=False),
-             "composer encoder": pass_flops(fm, n_exp, w_exp)}
+             "composer encoder": pass_flops(fm, n_exp, w_exp, head=False)}
         fwd = sum(f.values())
         bwd = 2 * (f["student"] + f["composer encoder"]) + f["teacher"]
         total_s = sum(sec[k] for k in ("student", "composer encoder", "qformer", "teacher", "objectives", "backward"))
