@@ -13,8 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def workspace() -> Path:
-    """A directory holding data/splits, models/base, models/bank, models/cold_start; becomes the cwd."""
+def workspace(workdir: str | None = None) -> Path:
+    """A directory holding data/splits, models/base, models/bank, models/cold_start; becomes the cwd.
+    ``workdir``: that pipeline directory (e.g. a ``bench/pipeline.sh`` run), as it is."""
+    if workdir:
+        os.chdir(workdir)
+        return Path(workdir)
     if (REPO / "models/cold_start/phi0.safetensors").exists():
         os.chdir(REPO)
         return REPO
@@ -38,6 +42,13 @@ def params():
     from lopd.config import load_params
 
     return load_params(Path.cwd() / "params.yaml")
+
+
+def selected_point() -> dict:
+    """The search's selected m, K, n_ret and student lr (``hpo/best_params.yaml`` of the cwd; {} before the search)."""
+    best = Path("hpo/best_params.yaml")
+    found = yaml.safe_load(best.read_text()) if best.exists() else {}
+    return {k: v for k, v in found.items() if k in ("margin", "K", "n_ret", "lr_student")}
 
 
 def rollout_workload(batch: int):

@@ -42,7 +42,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _workspace import params, workspace
+from _workspace import params, selected_point, workspace
 
 
 def _cpu() -> float:
@@ -82,10 +82,7 @@ def main() -> None:
     ap.add_argument("--tokens", action="store_true")
     ap.add_argument("--search", type=int, default=0, metavar="B")
     args = ap.parse_args()
-    if args.workdir:
-        os.chdir(args.workdir)
-    else:
-        workspace()
+    workspace(args.workdir)
 
     import torch
 
@@ -194,18 +191,13 @@ def _search(p, B: int) -> None:
 
 
 def _tokens(p, steps: int = 8) -> None:
-    import yaml
-
     from lopd.arms import ARMS
     from lopd.model.chat import pad_sequences
     from lopd.paths import Paths
     from lopd.stages.common import load_resources
     from lopd.training.trainer import HParams, Trainer
 
-    best = Path("hpo/best_params.yaml")
-    point = {k: v for k, v in (yaml.safe_load(best.read_text()) if best.exists() else {}).items()
-             if k in ("margin", "K", "n_ret", "lr_student")}
-    hp = HParams.from_params(p, steps=10_000, val_every=10_000, **point)
+    hp = HParams.from_params(p, steps=10_000, val_every=10_000, **selected_point())
     res = load_resources(p, Paths(Path.cwd()), role="train")
     tr = Trainer(res, ARMS["lopd"], hp, seed=0)
     tr.prepare()

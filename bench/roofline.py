@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from _workspace import params, workspace
+from _workspace import params, selected_point, workspace
 
 
 class Meter:
@@ -148,35 +148,31 @@ def main() -> None:
     ap.add_argument("--attention", choices=["default", "math"], default="default",
                     help="SDPA backend of every timed pass (default: what torch picks, flash on this CPU)")
     args = ap.parse_args()
-    if args.workdir:
-        os.chdir(args.workdir)
-    else:
-        workspace()
-
-    import contextlib
+    workspace(args.workdir)
 
     import torch
-    import yaml
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from lopd.training.trainer import HParams
 
     p = params()
     torch.set_num_threads(p.model.torch_threads)
-    best = Path("hpo/best_params.yaml")
-    point = {k: v for k, v in (yaml.safe_load(best.read_text()) if best.exists() else {}).items()
-             if k in ("margin", "K", "n_ret", "lr_student")}
-    hp = HParams.from_params(p, steps=10_000, val_every=10_000, checkpoint_every=10_000, **point)
+    hp = HParams.from_params(p, steps=10_000, val_every=10_000, checkpoint_every=10_000, **selected_point())
     print(f"arm lopd at K {hp.K}, n_ret {hp.n_ret}, m {hp.margin}; {hp.tasks_per_step} rollouts per member; "
           f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores; medians of {args.repeats} repeats")
-    rows = []
-    # the rollouts are drawn with the default backend either way: only the timed passes change
-    backend = (lambda: sdpa_kernel([SDPBackend.MATH])) if args.attention == "math" else contextlib.nullcontext
-    _sizes(args, p, hp, rows, backend)
-    _summary(rows)
+    _summary([_size(args, p, hp, S) for S in args.sizes])
 
 
-def _sizes(args, p, hp, rows, backend) -> None:
+def _backend(attention: str):
+    """The SDPA backend the timed passes run under (the rollouts are drawn with the default either way)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH]) if attention == "math" else contextlib.nullcontext()
+
+
+def _size(args, p, hp, S: int) -> tuple:
+    """One population size: its table printed, its row for the summary returned."""
     import torch
 
     from lopd.arms import ARMS
@@ -184,83 +180,72 @@ def _sizes(args, p, hp, rows, backend) -> None:
     from lopd.population.trainer import Member, Population
     from lopd.stages.common import load_resources
 
-    for S in args.sizes:
-        res = load_resources(p, Paths(Path.cwd()), role="train")
-        pop = Population(res, ARMS["lopd"], [Member(hp, seed) for seed in range(S)])
-        for m in pop.trainers:
-            m.prepare()
-        fm = flop_model(res.bb.model.config, p.model.lora_r, list(res.bb._lora_config.target_modules))
-        batches = pop._rollouts()
-        meter = Meter()
-        instrument(res.bb, [tr.composer for tr in pop.trainers], meter)
-        runs = []
-        timed = backend()
-        timed.__enter__()
-        for _ in range(args.repeats + 1):
+    res = load_resources(p, Paths(Path.cwd()), role="train")
+    pop = Population(res, ARMS["lopd"], [Member(hp, seed) for seed in range(S)])
+    for m in pop.trainers:
+        m.prepare()
+    fm = flop_model(res.bb.model.config, p.model.lora_r, list(res.bb._lora_config.target_modules))
+    batches = pop._rollouts()
+    meter = Meter()
+    instrument(res.bb, [tr.composer for tr in pop.trainers], meter)
+    T = max(b["ids"].shape[1] for b in batches)
+    ids = torch.cat([torch.nn.functional.pad(b["ids"], (0, T - b["ids"].shape[1]), value=res.bb.fmt.pad_id)
+                     for b in batches])
+    attn = (ids != res.bb.fmt.pad_id).long()
+    runs = []
+    with _backend(args.attention):
+        for _ in range(args.repeats + 1):  # the first is a warm-up
             meter.seconds, meter.positions = {}, {}
-            t0 = time.perf_counter()
             passes = pop._passes(batches)
-            t1 = time.perf_counter()
             with meter.region("objectives"):
                 outs = [tr.objective(b, q) for tr, b, q in zip(pop.trainers, batches, passes)]
-            loss = sum(o.loss for o, _ in outs)
             with meter.region("backward"):
-                loss.backward()
+                sum(o.loss for o, _ in outs).backward()
             for tr in pop.trainers:
                 tr.zero_grad()
-            runs.append((dict(meter.seconds), dict(meter.positions), t1 - t0))
-        runs = runs[1:]
-        sec = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
-        pos = runs[0][1]
+            runs.append(dict(meter.seconds))
+        pos = dict(meter.positions)
+        bare_s = bare_model(res.bb, ids, attn, args.repeats)
         if args.profile == S:
             _profile(pop, batches)
-        # FLOPs of this batch's passes
-        ids = torch.cat([b["ids"] for b in batches]) if len({b["ids"].shape[1] for b in batches}) == 1 else None
-        T = max(b["ids"].shape[1] for b in batches)
-        N = sum(b["ids"].shape[0] for b in batches)
-        prefix = hp.n_ret * hp.K
-        n_exp = pos["composer encoder"] and N * hp.n_ret
-        w_exp = pos["composer encoder"] // max(n_exp, 1)
-        f = {"student": pass_flops(fm, N, T), "teacher": pass_flops(fm, N, T, keys_extra=prefix, lora=False),
-             "composer encoder": pass_flops(fm, n_exp, w_exp, head=False)}
-        fwd = sum(f.values())
-        bwd = 2 * (f["student"] + f["composer encoder"]) + f["teacher"]
-        total_s = sum(sec[k] for k in ("student", "composer encoder", "qformer", "teacher", "objectives", "backward"))
-        all_pos = pos["student"] + pos["teacher"] + pos["composer encoder"]
-        if ids is None:
-            ids = torch.cat([torch.nn.functional.pad(b["ids"], (0, T - b["ids"].shape[1]), value=res.bb.fmt.pad_id)
-                             for b in batches])
-        attn = (ids != res.bb.fmt.pad_id).long()
-        bare_s = bare_model(res.bb, ids, attn, args.repeats)
-        timed.__exit__(None, None, None)
-        bare_flops = 3 * pass_flops(fm, N, T, lora=False)
-        rows.append((S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops, fm))
-        print(f"\nS = {S}: {N} rollouts of width {T}; {n_exp} retrieved experiences of padded width {w_exp}; "
-              f"prefix {prefix} latents")
-        print(f"  {'pass':18s} {'positions':>9s} {'seconds':>8s} {'positions/s':>12s} {'GFLOP':>7s} {'GFLOP/s':>8s}")
-        for k in ("student", "composer encoder", "qformer", "teacher", "objectives", "backward"):
-            gf = {"backward": bwd}.get(k, f.get(k, 0.0)) / 1e9
-            n = pos.get(k, 0) if k != "backward" else all_pos
-            print(f"  {k:18s} {n:>9d} {sec[k]:>8.3f} {n / sec[k]:>12.0f} {gf:>7.3f} {gf / sec[k]:>8.2f}")
-        print(f"  {'all passes':18s} {all_pos:>9d} {total_s:>8.3f} {all_pos / total_s:>12.0f} "
-              f"{(fwd + bwd) / 1e9:>7.3f} {(fwd + bwd) / 1e9 / total_s:>8.2f}   "
-              f"(student positions/s, bench/population.py's 'pass tokens/s': {pos['student'] / total_s:.0f})")
-        print(f"  {'bare model':18s} {ids.numel():>9d} {bare_s:>8.3f} {ids.numel() / bare_s:>12.0f} "
-              f"{bare_flops / 1e9:>7.3f} {bare_flops / 1e9 / bare_s:>8.2f}   (forward + NLL + backward, no adapters)")
+    sec = {k: statistics.median(r[k] for r in runs[1:]) for k in runs[0]}
+    # FLOPs of this batch's passes
+    N, prefix = ids.shape[0], hp.n_ret * hp.K
+    n_exp = pos["composer encoder"] and N * hp.n_ret
+    w_exp = pos["composer encoder"] // max(n_exp, 1)
+    f = {"student": pass_flops(fm, N, T), "teacher": pass_flops(fm, N, T, keys_extra=prefix, lora=False),
+         "composer encoder": pass_flops(fm, n_exp, w_exp, head=False)}
+    fwd = sum(f.values())
+    bwd = 2 * (f["student"] + f["composer encoder"]) + f["teacher"]
+    total_s = sum(sec[k] for k in ("student", "composer encoder", "qformer", "teacher", "objectives", "backward"))
+    all_pos = pos["student"] + pos["teacher"] + pos["composer encoder"]
+    bare_flops = 3 * pass_flops(fm, N, T, lora=False)
+    print(f"\nS = {S}: {N} rollouts of width {T}; {n_exp} retrieved experiences of padded width {w_exp}; "
+          f"prefix {prefix} latents")
+    print(f"  {'pass':18s} {'positions':>9s} {'seconds':>8s} {'positions/s':>12s} {'GFLOP':>7s} {'GFLOP/s':>8s}")
+    for k in ("student", "composer encoder", "qformer", "teacher", "objectives", "backward"):
+        gf = {"backward": bwd}.get(k, f.get(k, 0.0)) / 1e9
+        n = pos.get(k, 0) if k != "backward" else all_pos
+        print(f"  {k:18s} {n:>9d} {sec[k]:>8.3f} {n / sec[k]:>12.0f} {gf:>7.3f} {gf / sec[k]:>8.2f}")
+    print(f"  {'all passes':18s} {all_pos:>9d} {total_s:>8.3f} {all_pos / total_s:>12.0f} "
+          f"{(fwd + bwd) / 1e9:>7.3f} {(fwd + bwd) / 1e9 / total_s:>8.2f}   "
+          f"(student positions/s, bench/population.py's 'pass tokens/s': {pos['student'] / total_s:.0f})")
+    print(f"  {'bare model':18s} {ids.numel():>9d} {bare_s:>8.3f} {ids.numel() / bare_s:>12.0f} "
+          f"{bare_flops / 1e9:>7.3f} {bare_flops / 1e9 / bare_s:>8.2f}   (forward + NLL + backward, no adapters)")
+    return S, total_s, all_pos, fwd + bwd, ids.numel(), bare_s, bare_flops, fm
 
 
-def _summary(rows) -> None:
-    fm = rows[0][-1] if rows else None
-    print(f"\nFLOP model: {fm['linear']:,} linear weights met per position (decoder + LM head), LoRA "
+def _summary(rows: list[tuple]) -> None:
+    fm = rows[0][-1]
+    print(f"\nFLOP model: {fm['linear']:,} linear weights met per position (decoder + LM head; the composer's "
+          f"encoder skips the head's {fm['head']:,}), LoRA "
           f"{fm['lora']:,}, attention {fm['attn_per_key']:,} FLOPs per (position, key) over all layers; "
           "backward 2x the forward of the student and composer passes, 1x the teacher's")
     print(f"{'S':>3} {'passes s':>9} {'passes pos/s':>13} {'passes GFLOP/s':>15} {'bare pos/s':>11} "
           f"{'bare GFLOP/s':>13} {'passes/bare (pos/s)':>20}")
-    for S, sec, pos, f, fwd, bwd, total_s, all_pos, bare_s, bare_flops, _ in rows:
-        n_bare = all_pos / total_s
-        bare_pps = pos["student"] / bare_s
-        print(f"{S:>3} {total_s:>9.3f} {n_bare:>13.0f} {(fwd + bwd) / 1e9 / total_s:>15.2f} {bare_pps:>11.0f} "
-              f"{bare_flops / 1e9 / bare_s:>13.2f} {n_bare / bare_pps:>20.2f}")
+    for S, total_s, all_pos, flops, bare_pos, bare_s, bare_flops, _ in rows:
+        print(f"{S:>3} {total_s:>9.3f} {all_pos / total_s:>13.0f} {flops / 1e9 / total_s:>15.2f} {bare_pos / bare_s:>11.0f} "
+              f"{bare_flops / 1e9 / bare_s:>13.2f} {all_pos / total_s / (bare_pos / bare_s):>20.2f}")
 
 
 def _profile(pop, batches) -> None:
