@@ -21,8 +21,13 @@ class ArmSpec:
     bank_mode: Literal["relevant", "shuffled", "unrelated", "none"] = "relevant"
     train_composer: bool = True  # φ updated (else frozen at the cold-start φ0)
     margin: bool = True  # the privilege-margin constraint with dual variable β
+    # how β moves when ``margin``: "dual" ascent on m − Δ(φ) (the method), "ramp" β_t = β_0 + r·t open loop
+    # (r = train.beta_rate, null = η_β·m: what dual ascent does while Δ ≪ m), "fixed" β = train.beta_fixed
+    beta_schedule: Literal["dual", "ramp", "fixed"] = "dual"
     grouped: bool = False  # GRPO groups of G rollouts per task
     use_selected: bool = True  # take m, K, n_ret from the validation search
+    # which of the search's points: its "selected" one, or "binding": the best trial whose margin binds
+    point: Literal["selected", "binding"] = "selected"
     description: str = ""
 
     def to_dict(self) -> dict:
@@ -45,6 +50,12 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("lopd_nocontent", context="learned", bank_mode="none",
                 description="control: one learned context for every task, no retrieval (context without content)"),
         ArmSpec("lopd", description="LOPD: joint θ/φ with the privilege-margin constraint"),
+        ArmSpec("lopd_ramp", beta_schedule="ramp",
+                description="control: β_t = r·t open loop (r = η_β·m of the selected point), no Δ(φ) feedback"),
+        ArmSpec("lopd_fixbeta", beta_schedule="fixed",
+                description="control: β held at a value chosen on val (η_β = 0), no Δ(φ) feedback"),
+        ArmSpec("lopd_binding", point="binding",
+                description="the paper's mechanism: LOPD at the best val trial whose margin binds (if any does)"),
         ArmSpec("lopd_shuffled", bank_mode="shuffled", description="control: task→trajectory pairing permuted"),
         ArmSpec("lopd_unrelated", bank_mode="unrelated", description="control: trajectories of another domain"),
     ]

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+NOT_RUN = "not_run.json"
+
+
 @dataclass(frozen=True)
 class Paths:
     root: Path
@@ -92,6 +95,12 @@ class Paths:
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.arm_runs(arm) / f"seed-{seed}"
+
+    def not_run(self, arm: str) -> Path:
+        """What ``train@{arm}`` writes instead of seeds when the arm cannot run by design (lopd_binding when no
+        search trial's margin binds): ``{"arm", "reason"}``; ``evaluate@{arm}`` then writes its own beside
+        its outputs and reads no test task."""
+        return self.arm_runs(arm) / NOT_RUN
 
     def arm_evals(self, arm: str) -> Path:
         """Every seed's test evaluation of ``arm`` (stage ``evaluate@{arm}``'s output)."""

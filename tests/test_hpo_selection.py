@@ -5,6 +5,7 @@ the boundary flag, and baseline learning rates tuned on validation only."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import optuna
@@ -102,7 +103,9 @@ def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path)
                    (TrialState.COMPLETE, 0.2, same), (TrialState.COMPLETE, 0.05, same))
     best = write_outputs(study, tmp_path, _params("median_margin"))
     assert best == {"margin": 0.05, "K": 8, "n_ret": 2, "lr_student": 0.002, "value": 0.5, "trial": 3,
-                    "tie_count": 3, "tie_rule": "median_margin", "selected_on": "val"}
+                    "tie_count": 3, "tie_rule": "median_margin", "selected_on": "val", "binding": None,
+                    "binding_reason": "no completed trial's margin binds in at least 50% of its seeds; the smallest "
+                                      "positive m tried is 0.05"}  # these trials recorded no margin path
     assert yaml.safe_load((tmp_path / "best_params.yaml").read_text()) == best
     with open(tmp_path / "trials.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -144,3 +147,98 @@ def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_run
     assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("sft")) == {"lr_student": out["sft"]["lr_student"]}
     assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("lopd")) == {
         "margin": 0.1, "K": 4, "n_ret": 1, "lr_student": 0.003}
+
+
+def test_fixbeta_is_tuned_over_its_held_beta_at_the_selected_point(workspace, tmp_path, monkeypatch):
+    """lopd_fixbeta in hpo.baseline_arms is tuned over hpo.beta_fixed_choices, not over learning rates: its
+    runs take m, K, n_ret and the student lr of the selected point and vary only β; baselines.yaml records
+    the knob, and the final run reads the chosen β with the selected point's other values. Val only."""
+    from lopd import data as data_mod
+    from lopd.arms import get_arm
+    from lopd.population import points as points_mod
+    from lopd.stages.common import load_resources
+    from lopd.hpo.study import tune_baselines
+    from lopd.training.run import selected_hparams
+
+    p = workspace.params(hpo={"baseline_arms": ["lopd_fixbeta"], "beta_fixed_choices": [0.5, 2.0], "steps": 1,
+                              "val_every": 1, "seeds_per_trial": 1}, train={"val_tasks": 4, "use_best_params": True})
+    res = load_resources(p, workspace.paths, role="hpo")
+    seen, real = [], points_mod.train_points
+
+    def spy(params, res, arm, points, *a, **kw):
+        seen.append((arm, [dict(pt) for pt in points]))
+        return real(params, res, arm, points, *a, **kw)
+
+    monkeypatch.setattr(points_mod, "train_points", spy)
+    sel = {"margin": 0.05, "K": 4, "n_ret": 1, "lr_student": 0.003}
+    start = len(data_mod.ACCESS_LOG)
+    out = tune_baselines(p, res, sel, tmp_path)
+    assert seen == [("lopd_fixbeta", [{**sel, "beta_fixed": 0.5}, {**sel, "beta_fixed": 2.0}])]
+    assert out["lopd_fixbeta"]["knob"] == "beta_fixed" and out["lopd_fixbeta"]["beta_fixed"] in (0.5, 2.0)
+    assert "lr_student" not in out["lopd_fixbeta"] and set(out["lopd_fixbeta"]["values"]) == {"0.5", "2.0"}
+    assert all(r["split"] != "test" and r["role"] == "hpo" for r in data_mod.ACCESS_LOG[start:])
+    (tmp_path / "best_params.yaml").write_text(yaml.safe_dump(sel))
+    assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("lopd_fixbeta")) == {
+        **sel, "beta_fixed": out["lopd_fixbeta"]["beta_fixed"]}
+
+
+def test_binding_point_is_the_best_completed_trial_whose_margin_binds():
+    """select_binding by hand. Trials 0-3, two seeds each, min_frac 0.5: trial 0 (0.40) binds in 1 of 2,
+    trial 1 (0.45, the best value) degenerates in both, trial 2 (0.42) binds in both, trial 3 (0.50) binds
+    in both but was pruned. The point is trial 2 (the best completed one binding in ≥ half its seeds); at
+    min_frac 1 it is still trial 2; without trial 2 and at min_frac 1 no trial qualifies and the reason gives
+    the largest Δ reached (0.06, trial 1) against the smallest positive m tried (0.005)."""
+    from lopd.hpo.selection import select_binding
+
+    pts = [{"margin": 0.01}, {"margin": 1.0}, {"margin": 0.005}, {"margin": 0.0}]
+    trials = [TrialScore(0, "COMPLETE", pts[0], 0.40), TrialScore(1, "COMPLETE", pts[1], 0.45),
+              TrialScore(2, "COMPLETE", pts[2], 0.42), TrialScore(3, "PRUNED", pts[3], 0.50)]
+    st = {0: ["binds", "unsettled"], 1: ["degenerates"] * 2, 2: ["binds"] * 2, 3: ["binds"] * 2}
+    dmax = {0: 0.02, 1: 0.06, 2: 0.01, 3: 0.03}
+    got = select_binding(trials, st, 0.5, dmax)
+    assert got == {"trial": 2, "point": {"margin": 0.005}, "value": 0.42, "statuses": ["binds", "binds"]}
+    assert select_binding(trials, st, 1.0, dmax)["trial"] == 2
+    none = select_binding([t for t in trials if t.number != 2], st, 1.0, dmax)
+    assert none["trial"] is None
+    assert "binds in some seed: trial(s) 0, 2, 3" in none["reason"]  # statuses of every trial recorded
+    assert "largest Δ(φ) any run reached is 0.0600 (trial 1)" in none["reason"]
+    assert "smallest positive m tried is 0.01" in none["reason"]  # trial 2 (m 0.005) left out here
+
+
+def test_an_arm_without_a_point_is_recorded_not_run_and_reads_no_test_task(workspace, tmp_path):
+    """lopd_binding when the search found no binding trial: train@lopd_binding writes runs/lopd_binding/
+    not_run.json with the search's reason and trains nothing; evaluate@lopd_binding writes its own record and
+    reads no split; the report's loader returns the reason."""
+    from lopd import data as data_mod
+    from lopd.analysis.loading import load_not_run
+    from lopd.paths import Paths
+    from lopd.stages import evaluate as evaluate_stage, train as train_stage
+
+    p = workspace.params(train={"use_best_params": True})
+    paths = Paths(tmp_path)
+    paths.hpo.mkdir(parents=True)
+    why = "no completed trial's margin binds in at least 50% of its seeds"
+    (paths.hpo / "best_params.yaml").write_text(yaml.safe_dump(
+        {"margin": 1.0, "K": 4, "n_ret": 2, "lr_student": 0.005, "binding": None, "binding_reason": why}))
+    start = len(data_mod.ACCESS_LOG)
+    assert train_stage.run(p, paths, "lopd_binding") == {}
+    assert evaluate_stage.run(p, paths, "lopd_binding") == {}
+    assert data_mod.ACCESS_LOG[start:] == []
+    assert json.loads(paths.not_run("lopd_binding").read_text()) == {"arm": "lopd_binding", "reason": why}
+    assert json.loads((paths.arm_evals("lopd_binding") / "not_run.json").read_text())["reason"] == why
+    assert load_not_run(tmp_path) == {"lopd_binding": why}
+    assert not list(paths.arm_runs("lopd_binding").glob("seed-*"))
+    # every other arm reads the selected point as before; lopd_binding's hparams refuse a missing point
+    from lopd.arms import get_arm
+    from lopd.errors import BadInput
+    from lopd.training.run import not_run_reason, selected_hparams
+
+    assert not_run_reason(p, paths.hpo / "best_params.yaml", get_arm("lopd")) is None
+    with pytest.raises(BadInput, match="has no point: no completed trial"):
+        selected_hparams(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding"))
+    (paths.hpo / "best_params.yaml").write_text(yaml.safe_dump(
+        {"margin": 1.0, "K": 4, "n_ret": 2, "lr_student": 0.005,
+         "binding": {"margin": 0.01, "K": 8, "n_ret": 1, "lr_student": 0.002, "trial": 3, "value": 0.3}}))
+    assert selected_hparams(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding")) == {
+        "margin": 0.01, "K": 8, "n_ret": 1, "lr_student": 0.002}
+    assert not_run_reason(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding")) is None

@@ -33,9 +33,9 @@ def trainer_factory(monkeypatch, resources, workspace):
     ``(delta_phi, delta_weight)`` the stub objective reports, one per step."""
 
     def make(arm: str, *, margin: float, eta: float, beta0: float, beta_max: float = 100.0,
-             patience: int = 100) -> tuple[Trainer, list]:
+             patience: int = 100, **over) -> tuple[Trainer, list]:
         hp = HParams.from_params(workspace.params(), margin=margin, eta_beta=eta, beta_init=beta0, beta_max=beta_max,
-                                 infeasible_patience=patience)
+                                 infeasible_patience=patience, **over)
         spec = ARMS[arm]
         tr = Trainer(resources, spec, hp, seed=0, tracker=Tags())
         # no model: the step's batch is two rewarded rows, and the objective reports the scripted Δ
@@ -129,3 +129,39 @@ def test_arms_without_an_active_margin_never_move_beta(trainer_factory, arm):
     rows = _run(tr, script, [(-3.0, 1.0)] * 3)
     assert [r["beta"] for r in rows] == [0.0, 0.0, 0.0]
     assert not tr.infeasible and tr.infeasible_streak == 0 and tr.tracker.set == []
+
+
+def test_ramp_reproduces_dual_ascent_while_delta_is_held_below_m(trainer_factory):
+    """lopd_ramp (β_t = β_0 + r·t, Δ never read) against lopd's dual ascent on the same scripted Δ, held
+    below m. m = 1, η = 0.5, β_0 = 0.25. With Δ = 0 every step dual ascent adds η·m = 0.5 a step, and the
+    ramp at its default r = η·m matches it exactly: 0.75, 1.25, 1.75, 2.25. With Δ held at 0.5 dual ascent
+    adds η(m − Δ) = 0.25 a step, and a ramp given r = 0.25 matches it; the default ramp does not (it ignores
+    Δ: still 0.5 a step)."""
+    def betas(arm: str, held: list, **over) -> list[float]:
+        tr, script = trainer_factory(arm, margin=1.0, eta=0.5, beta0=0.25, **over)  # one at a time: one objective
+        return [r["beta"] for r in _run(tr, script, held)]
+
+    held_zero, held_half = [(0.0, 1.0)] * 4, [(0.5, 1.0)] * 4
+    assert betas("lopd", held_zero) == [0.75, 1.25, 1.75, 2.25]
+    assert betas("lopd_ramp", held_zero) == [0.75, 1.25, 1.75, 2.25]
+    assert betas("lopd", held_half) == [0.5, 0.75, 1.0, 1.25]
+    assert betas("lopd_ramp", held_half, beta_rate=0.25) == [0.5, 0.75, 1.0, 1.25]
+    assert betas("lopd_ramp", held_half) == [0.75, 1.25, 1.75, 2.25]
+
+
+def test_ramp_is_open_loop(trainer_factory):
+    """The ramp does not read Δ: Δ above m (which drives dual ascent's β to 0) and steps with no rewarded
+    token (weight 0: dual ascent holds β) move it by r all the same. m = 0.2, η = 1, β_0 = 0, r = η·m."""
+    tr, script = trainer_factory("lopd_ramp", margin=0.2, eta=1.0, beta0=0.0)
+    rows = _run(tr, script, [(5.0, 1.0), (float("nan"), 0.0), (-1.0, 1.0)])
+    assert [r["beta"] for r in rows] == pytest.approx([0.2, 0.4, 0.6])
+
+
+def test_fixbeta_holds_beta(trainer_factory):
+    """lopd_fixbeta starts at train.beta_fixed (not beta_init) and keeps it whatever Δ does: far below m,
+    above it, undefined. Its β still counts for the flags: 3 > beta_max = 2 flags the run infeasible."""
+    tr, script = trainer_factory("lopd_fixbeta", margin=0.5, eta=1.0, beta0=0.0, beta_fixed=3.0, beta_max=2.0)
+    assert tr.beta == 3.0
+    rows = _run(tr, script, [(-2.0, 1.0), (4.0, 1.0), (float("nan"), 0.0), (0.1, 1.0)])
+    assert [r["beta"] for r in rows] == [3.0, 3.0, 3.0, 3.0]
+    assert tr.infeasible and tr.tracker.set == [("infeasible_margin", "true")]

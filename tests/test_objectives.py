@@ -443,3 +443,16 @@ def test_sft_loss_hand():
     assert sft_loss(lp, torch.zeros(2, 2)).item() == 0.0
     with pytest.raises(ValueError, match=r"weights must be a tensor of shape \(N,\) = \(2,\), got \(3,\)"):
         sft_loss(lp, mask, torch.ones(3))
+
+
+def test_ramp_beta_by_hand():
+    """β_t = β_0 + r·t: β_0 = 0.5, r = 0.25 → 0.5, 0.75, 1.5 at t = 0, 1, 4; bad input is refused."""
+    from lopd.training.objectives import ramp_beta
+
+    assert [ramp_beta(0.5, 0.25, t) for t in (0, 1, 4)] == [0.5, 0.75, 1.5]
+    with pytest.raises(ValueError, match="rate must be >= 0"):
+        ramp_beta(0.0, -0.1, 1)
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        ramp_beta(0.0, 0.1, -1)
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        ramp_beta(0.0, 0.1, 1.5)

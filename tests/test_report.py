@@ -707,3 +707,27 @@ def test_efficiency_degenerate_when_grpo_ends_at_or_below_the_start():
     md = render_efficiency(eff, 200)
     assert "**Ratio: degenerate (0 / 100).**" in md and "**Ratio: 0.000**" not in md
     assert "cannot test the paper's efficiency claim" in md
+
+
+def test_margin_contrasts_by_hand():
+    """a − b per shared seed, two-sided. lopd {0: .5, 1: .6, 2: .7, 3: .8}, lopd_ramp {0: .4, 1: .6, 2: .6, 3: .6,
+    9: .1}: shared seeds 0-3, diffs .1, 0, .1, .2: mean .1, sd sqrt(.02/3) = .08165, se .040825, t = 2.4495 on
+    3 df, two-sided p = 0.0917; sign flip: |sum| ≥ .4 only when .1, .1, .2 share a sign, 2 × 2 (either sign of
+    the 0) of 16 sign vectors, p = 0.25. An arm without seeds is reported missing, with the reason it was not
+    run where one is recorded."""
+    from lopd.analysis.falsification import margin_contrast_tests, render_margin_contrasts
+
+    by_seed = {"lopd": {0: .5, 1: .6, 2: .7, 3: .8}, "lopd_ramp": {0: .4, 1: .6, 2: .6, 3: .6, 9: .1},
+               "lopd_frozen": {0: .3, 1: .3}}
+    pairs = [["lopd", "lopd_ramp"], ["lopd", "lopd_fixbeta"], ["lopd_binding", "lopd_frozen"]]
+    ramp, fix, binding = margin_contrast_tests(pairs, by_seed, {"lopd_binding": "no trial binds"})
+    assert ramp["n"] == 4 and ramp["diff"] == pytest.approx(0.1)
+    assert ramp["p"] == pytest.approx(0.0917, abs=5e-4)
+    lo, hi = ramp["ci95"]
+    assert lo == pytest.approx(0.1 - 3.18245 * 0.040825, abs=1e-4) and hi == pytest.approx(0.1 + 3.18245 * 0.040825, abs=1e-4)
+    assert ramp["p_exact"] == pytest.approx(0.25)
+    assert fix == {"a": "lopd", "b": "lopd_fixbeta", "n": 0, "missing": ["lopd_fixbeta"], "not_run": {}}
+    assert binding["missing"] == ["lopd_binding"] and binding["not_run"] == {"lopd_binding": "no trial binds"}
+    md = "\n".join(render_margin_contrasts([ramp, fix, binding]))
+    assert "| lopd − lopd_ramp | 4 | 0.1000 |" in md and "lopd_fixbeta has no seeds" in md
+    assert "lopd_binding not run: no trial binds" in md

@@ -139,6 +139,51 @@ def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]], task_contras
             "design": {"n_min": n_min, "floor": floor, "can_reject": n_min >= 2 and floor < rule.alpha}}
 
 
+def margin_contrast_tests(pairs, by_seed: Mapping[str, Mapping[int, float]],
+                          not_run: Mapping[str, str] | None = None) -> list[dict]:
+    """Outside the rule, two-sided: ``a − b`` per shared seed for each pair of ``report.margin_contrasts``
+    (lopd against arms whose β never reads Δ(φ); the binding-margin arm against the frozen composer). Each
+    row: a, b, n, diff, ci95 (t), p (t), p_exact (sign flip); or ``missing`` (arms without seeds) with the
+    reason an arm was not run (``not_run[arm]``) where one is given."""
+    rows = []
+    for a, b in pairs:
+        missing = [x for x in (a, b) if not by_seed.get(x)]
+        seeds = sorted(set(by_seed.get(a, {})) & set(by_seed.get(b, {})))
+        row = {"a": a, "b": b, "n": len(seeds), "missing": missing,
+               "not_run": {x: (not_run or {})[x] for x in missing if x in (not_run or {})}}
+        if len(seeds) >= 2:
+            d = np.array([by_seed[a][s] - by_seed[b][s] for s in seeds])
+            two = st.t_test(d, alternative="two-sided", confidence=st.DESCRIPTIVE_CONFIDENCE)
+            row.update(diff=two["diff"], ci95=(two["ci_low"], two["ci_high"]), p=two["p"],
+                       p_exact=st.sign_flip_p(d, alternative="two-sided"))
+        rows.append(row)
+    return rows
+
+
+def render_margin_contrasts(rows: list[dict]) -> list[str]:
+    """The section of ``falsification.md`` for :func:`margin_contrast_tests`."""
+    if not rows:
+        return []
+    md = ["", "## What the margin did for the result (outside the rule)", "",
+          "Each row pairs two arms over the seeds they share (same seeds and draws): two-sided paired t over seeds, "
+          "sign-flip p beside it, not part of the registered rule and not corrected for multiplicity. lopd against "
+          "lopd_ramp (β_t = r·t) or lopd_fixbeta (β held): an interval holding 0 means this design cannot tell dual "
+          "ascent from that schedule. lopd_binding (the best val trial whose margin binds) against lopd_frozen: "
+          "the paper's mechanism against a composer that is not trained.", ""]
+    table = []
+    for r in rows:
+        name = f"{r['a']} − {r['b']}"
+        if "diff" not in r:
+            why = "; ".join(f"{x} not run: {r['not_run'][x]}" if x in r["not_run"] else f"{x} has no seeds"
+                            for x in r["missing"]) or f"n = {r['n']} < 2"
+            table.append([name, str(r["n"]), why, "—", "—", "—"])
+            continue
+        lo, hi = r["ci95"]
+        table.append([name, str(r["n"]), fmt(r["diff"], 4), f"[{fmt(lo, 4)}, {fmt(hi, 4)}]", fmt_p(r["p"]),
+                      fmt_p(r["p_exact"])])
+    return md + [md_table(["contrast", "n", "diff", "95% CI (t)", "p (t, two-sided)", "p (sign flip)"], table)]
+
+
 # --------------------------------------------------------------------------- rendering
 def _structure(rule: Rule) -> list[str]:
     a, t = rule.alpha, rule.treatment
@@ -218,9 +263,11 @@ def ci_scope(per_seed_draws: bool) -> str:
     return PER_SEED_DRAW_SCOPE if per_seed_draws else SHARED_DRAW_SCOPE
 
 
-def render(rule: Rule, analysis: dict, premise: dict, design_note: str, scope: str) -> str:
+def render(rule: Rule, analysis: dict, premise: dict, design_note: str, scope: str,
+           margin_contrasts: list[dict] | None = None) -> str:
     """``falsification.md``: rule text and structure (no data), premise gate, design check, what the intervals
-    cover (``scope``, :func:`ci_scope`), tests, verdict."""
+    cover (``scope``, :func:`ci_scope`), tests, verdict; then, outside the rule, the margin contrasts
+    (:func:`margin_contrast_tests`)."""
     d = analysis["design"]
     md = ["# Falsification test", "", "## Pre-registered rule", "", f"> {rule.text}", "", "Structure "
           "(params.yaml, report.rule):", *_structure(rule), "", design_note, "", *_premise_lines(premise),
@@ -238,5 +285,6 @@ def render(rule: Rule, analysis: dict, premise: dict, design_note: str, scope: s
                   f"sign-flip p is {fmt_p(d['floor'])}, not below α = {rule.alpha}: the exact test cannot reject "
                   "whatever the effect, so the verdict is not robustly decidable with this many seeds.**")
     md += ["", "## What the confidence intervals cover", "", scope,
-           "", "## Tests", "", _test_table(analysis), "", "## Verdict", "", *_verdict_lines(rule, analysis)]
+           "", "## Tests", "", _test_table(analysis), "", "## Verdict", "", *_verdict_lines(rule, analysis),
+           *render_margin_contrasts(margin_contrasts or [])]
     return "\n".join(md)

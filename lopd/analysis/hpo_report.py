@@ -5,7 +5,7 @@ Reads the hpo stage's outputs only (``hpo/trials.csv``, ``hpo/margin_paths.csv``
 ``result.json`` (the hyper-parameters each final run used).
 
 Each trial's margin behaviour is the constraint status of each of its seeds' runs
-(:func:`lopd.analysis.dynamics.constraint_status`: binds / slack / degenerates / unsettled, over the
+(:func:`lopd.analysis.constraint.constraint_status`: binds / slack / degenerates / unsettled, over the
 last quarter of its steps) and its β path; the selected trial's is spelled out, because at a margin Δ(φ)
 never reaches, dual ascent raises β by about η_β·m per step whatever φ does: an open-loop β ramp.
 """
@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import yaml
 
-from lopd.analysis.dynamics import constraint_status
+from lopd.analysis.constraint import trial_margins
 from lopd.analysis.loading import num, read_csv_rows
 from lopd.analysis.render import fmt, md_table
 
@@ -36,33 +35,6 @@ def load_search(root: Path) -> dict | None:
     return {"selection": json.loads(sel_path.read_text()), "trials": read_csv_rows(root / "hpo" / "trials.csv"),
             "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None,
             "margins": trial_margins(read_csv_rows(paths)) if paths.exists() else None}
-
-
-def trial_margins(rows: list[dict]) -> dict[str, dict]:
-    """Per trial (its number as a string): m, each seed's constraint status, the largest Δ(φ) any seed reached,
-    β at the end (mean over seeds), β's fitted rise per step, and the β path (mean over seeds at each step)."""
-    by: dict[str, dict[str, dict[str, list]]] = {}
-    for r in rows:
-        run = by.setdefault(str(r["trial"]), {}).setdefault(str(r["seed"]), {"m": num(r.get("margin")), "step": [],
-                                                                               "beta": [], "delta_phi": []})
-        for k in ("step", "beta", "delta_phi"):
-            v = num(r.get(k))
-            run[k].append(np.nan if v is None else v)
-    out = {}
-    for trial, seeds in by.items():
-        hists = [{k: np.asarray(v, dtype=float) for k, v in run.items() if k != "m"} for run in seeds.values()]
-        m = next(iter(seeds.values()))["m"]
-        steps = hists[0]["step"]
-        betas = np.vstack([h["beta"] for h in hists]) if len({h["step"].size for h in hists}) == 1 else None
-        path = np.nanmean(betas, axis=0) if betas is not None else hists[0]["beta"]
-        ok = np.isfinite(path) & np.isfinite(steps)
-        deltas = np.concatenate([h["delta_phi"] for h in hists])
-        out[trial] = {"m": m, "status": [constraint_status(h, m)["status"] for h in hists],
-                      "max_delta": float(np.nanmax(deltas)) if np.isfinite(deltas).any() else None,
-                      "beta_final": float(path[ok][-1]) if ok.any() else None,
-                      "beta_per_step": float(np.polyfit(steps[ok], path[ok], 1)[0]) if ok.sum() >= 2 else None,
-                      "steps": steps[ok].tolist(), "beta_path": path[ok].tolist()}
-    return out
 
 
 def _status_cell(t: dict | None) -> str:
@@ -108,7 +80,19 @@ def _margin_section(search: dict) -> list[str]:
     elif reached is not None:
         md += [f"**No trial's margin binds.** The largest Δ(φ) any run reached is {fmt(reached[0], 4)} (trial "
                f"{reached[1]}); the smallest positive m tried is {fmt(min(positive), 3) if positive else '—'}."]
-    return md + [""]
+    return md + ["", *_binding_lines(sel.get("binding")), ""]
+
+
+def _binding_lines(b: dict | None) -> list[str]:
+    """Where the lopd_binding arm trains (the best completed trial whose margin binds), or why it does not."""
+    if b is None:
+        return ["lopd_binding's point: not recorded (a search written before the arm existed)."]
+    if b.get("trial") is None:
+        return [f"**lopd_binding is not run: {b['reason']}.**"]
+    p = b["point"]
+    return [f"lopd_binding (the paper's mechanism) trains at trial {b['trial']}, the best completed trial whose "
+            f"margin binds ({', '.join(b['statuses'])}): m = {p.get('margin')}, K = {p.get('K')}, n_ret = "
+            f"{p.get('n_ret')}, lr = {p.get('lr_student')}, val reward {fmt(b['value'], 4)}."]
 
 
 def search_metrics(search: dict | None) -> dict:
@@ -175,6 +159,20 @@ def render_search(search: dict | None, runs: dict) -> str:
     return "\n".join(md)
 
 
+def _beta_cell(hp: dict, sw: dict) -> str:
+    """How β moved in an arm's runs: dual ascent, an open-loop ramp, held, or no margin term."""
+    if not sw.get("margin") or not sw.get("train_composer"):
+        return "—"
+    schedule = sw.get("beta_schedule", "dual")
+    if schedule == "fixed":
+        return f"held at {hp.get('beta_fixed')}"
+    if schedule == "ramp":
+        rate = hp.get("beta_rate")
+        rate = rate if rate is not None else (hp.get("eta_beta") or 0.0) * (hp.get("margin") or 0.0)
+        return f"ramp {fmt(rate, 3)}/step"
+    return f"dual ascent, η_β = {hp.get('eta_beta')}"
+
+
 def _tuning_table(search: dict, runs: dict) -> str:
     point, base = search["selection"]["point"], search["baselines"] or {}
     rows = []
@@ -182,8 +180,12 @@ def _tuning_table(search: dict, runs: dict) -> str:
         res = next(iter(runs[arm].values()))["result"]  # every seed of an arm runs the same hyper-parameters
         hp, sw = res.get("hparams") or {}, res.get("arm_switches") or {}
         if arm in base:
-            vals = ", ".join(f"{lr}: {fmt(v, 3)}" for lr, v in base[arm]["values"].items())
-            how = f"student lr from {{{vals}}} (val reward per rate)"
+            knob = base[arm].get("knob", "lr_student")
+            vals = ", ".join(f"{v}: {fmt(r, 3)}" for v, r in base[arm]["values"].items())
+            what = {"lr_student": "student lr", "beta_fixed": "held β"}.get(knob, knob)
+            how = f"{what} from {{{vals}}} (val reward per value)"
+            if knob != "lr_student" and sw.get("use_selected"):
+                how += "; m, K, n_ret, lr of the selected point"
         elif sw.get("use_selected") and sw.get("trains", True):
             how = "the search's selected point (m, K, n_ret, student lr)"
         elif not sw.get("trains", True):
@@ -191,6 +193,6 @@ def _tuning_table(search: dict, runs: dict) -> str:
         else:
             how = "**not tuned** (train.* defaults)"
         rows.append([arm, how, str(hp.get("lr_student", "—")), str(hp.get("margin", "—")), str(hp.get("K", "—")),
-                     str(hp.get("n_ret", "—"))])
+                     str(hp.get("n_ret", "—")), _beta_cell(hp, sw)])
     note = f"Search's selected point: {', '.join(f'{k} = {v}' for k, v in point.items())}."
-    return note + "\n\n" + md_table(["arm", "tuned on val", "lr used", "m", "K", "n_ret"], rows)
+    return note + "\n\n" + md_table(["arm", "tuned on val", "lr used", "m", "K", "n_ret", "β"], rows)

@@ -13,6 +13,7 @@ import numpy as np
 
 from lopd.analysis.render import finite
 from lopd.errors import BadInput
+from lopd.paths import NOT_RUN
 from lopd.utils import read_json
 
 MEAN_COL = "mean"
@@ -62,6 +63,17 @@ def load_runs(root: Path) -> dict[str, dict[int, dict]]:
         runs.setdefault(str(r["arm"]), {})[int(r["seed"])] = {
             "result": r, "history": read_history(p.parent / "history.csv"), "dir": p.parent}
     return runs
+
+
+def load_not_run(root: Path) -> dict[str, str]:
+    """runs/<arm>/not_run.json → {arm: reason}: arms whose train stage ran none of their seeds, and why."""
+    out = {}
+    for p in sorted((root / "runs").glob(f"*/{NOT_RUN}")):
+        r = read_json(p)
+        if not isinstance(r, dict) or "arm" not in r or "reason" not in r:
+            raise BadInput(f"{p}: a not-run record needs 'arm' and 'reason'")
+        out[str(r["arm"])] = str(r["reason"])
+    return out
 
 
 def load_evals(root: Path) -> dict[str, dict[int, dict]]:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from lopd.analysis import audits, dynamics, figures, plotdata, hpo_report, tables
 from lopd.analysis.calibration import NULLS, design_rates
-from lopd.analysis.falsification import Rule, analyse, ci_scope, render
-from lopd.analysis.loading import (MEAN_COL, load_evals, load_premise, load_runs, load_task_table,
+from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
+from lopd.analysis.loading import (MEAN_COL, load_evals, load_not_run, load_premise, load_runs, load_task_table,
                                    task_contrast_fn, values)
 from lopd.analysis.render import write_text
 from lopd.arms import ARMS
@@ -64,7 +64,11 @@ def _mark_path_check(out: Path) -> None:
 
 def _missing_inputs(root: Path, runs, evals) -> list[str]:
     missing = [] if evals else ["results/eval/<arm>/seed-<s>/result.json (no test results)"]
+    not_run = load_not_run(root)
     for arm in ARMS:
+        if arm in not_run:
+            missing.append(f"arm {arm} not run by design: {not_run[arm]}")
+            continue
         missing += [f"runs of arm {arm}"] if arm not in runs else []
         missing += [f"evaluation results of arm {arm}"] if evals and arm not in evals else []
     return missing + [p for p in OPTIONAL_FILES if not (root / p).exists()]
@@ -111,7 +115,10 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
                           "tests": {r["name"]: {k: r.get(k) for k in ("n", "diff", "t", "p", "lower", "p_exact",
                                                                        "reject", "robust")} for r in fal["tests"]},
                           "seeds_needed": {t["name"]: t.get("needed") for t in pw["tests"]},
-                          "joint_power": pw["joint"], "joint_seeds_needed": pw["joint_needed"]},
+                          "joint_power": pw["joint"], "joint_seeds_needed": pw["joint_needed"],
+                          "margin_contrasts": {f"{r['a']} - {r['b']}": {k: r.get(k) for k in ("n", "diff", "ci95", "p",
+                                                                                              "p_exact", "not_run")}
+                                               for r in fal.get("margin_contrasts", [])}},
         "lopd_vs": {r["arm"]: {"n": r["n"], "diff": r["diff"], "ci95": list(r["ci95"]), "p": r["p"],
                                "p_holm": r["p_holm"], "p_exact": r["p_exact"], "p_improve": r["p_improve"],
                                "boot95": list(r["boot95"]) if r["boot95"] else None} for r in cmp["rows"]},
@@ -144,8 +151,11 @@ def build_report(params, root: Path = Path(".")) -> dict:
     cmp = tables.comparisons(params, evals, rule.treatment, task_contrast)
     tables.write_comparisons(out, params, cmp)
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
+    pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
+    fal["margin_contrasts"] = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms},
+                                                    load_not_run(root))
     write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal),
-                                                ci_scope(params.train.per_seed_draws)))
+                                                ci_scope(params.train.per_seed_draws), fal["margin_contrasts"]))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
     search = hpo_report.load_search(root)
     write_text(out / "search.md", hpo_report.render_search(search, runs))

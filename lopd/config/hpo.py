@@ -23,8 +23,16 @@ class HpoParams(Section):
     n_ret_max: int = Field(ge=1, description="largest n_ret searched (≤ cold_start.n_ret_max)")
     lr_choices: DistinctList[float, Bound(gt=0)] = Field(description="student learning rates: searched for LOPD, "
                                                                     "chosen for each baseline arm")
-    baseline_arms: DistinctOrEmptyList[str] = Field(description="training arms whose learning rate is tuned on val "
-                                                                "over lr_choices like the method's")
+    baseline_arms: DistinctOrEmptyList[str] = Field(description="training arms tuned on val, each over its own "
+                                                                "knob: lopd_fixbeta its β over beta_fixed_choices "
+                                                                "(at the selected point), the others their student "
+                                                                "learning rate over lr_choices")
+    beta_fixed_choices: DistinctList[float, Bound(ge=0)] = Field(description="lopd_fixbeta's constant β values "
+                                                                             "tuned on val")
+    binding_min_frac: float = Field(gt=0.0, le=1.0, description=(
+        "lopd_binding's point is the best completed trial whose margin binds (constraint status 'binds', "
+        "lopd.analysis.dynamics) in at least this fraction of its seeds; none: lopd_binding is not run and the "
+        "report says why"))
     tie_rule: Literal["best", "median_margin", "smallest_margin"] = Field(
         description="registered before the search: among trials tied with the best (paired val difference "
                     "whose (1 − tie_alpha) t-interval holds 0), take the best, the median margin or the smallest")

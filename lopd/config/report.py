@@ -70,3 +70,17 @@ class ReportParams(Section):
     rule: RuleParams = Field(description="the pre-registered falsification rule, rendered before any number")
     design: DesignParams = Field(description="what the seed count is sized for (tests/test_calibration.py "
                                              "simulates it)")
+    margin_contrasts: list[list[str]] = Field(description=(
+        "pairs [a, b] compared as a − b over shared seeds, two-sided and outside the rule, in falsification.md: "
+        "lopd against the arms whose β never reads Δ(φ) (does the margin's feedback matter?), lopd_binding "
+        "against lopd_frozen (the paper's mechanism)"))
+
+    @model_validator(mode="after")
+    def _contrasts(self):
+        for pair in self.margin_contrasts:
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ValueError(f"report.margin_contrasts: each entry must be two different arms, got {pair}")
+        unknown = sorted({a for pair in self.margin_contrasts for a in pair if a not in ARMS})
+        if unknown:
+            raise ValueError(f"report.margin_contrasts names unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
+        return self

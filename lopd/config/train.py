@@ -37,6 +37,12 @@ class TrainParams(Section):
                                                      "latents near the cold start")
     eta_beta: float = Field(ge=0.0, description="η_β: dual-ascent step of β ← max(0, β + η_β (m − Δ(φ)))")
     beta_init: float = Field(ge=0.0, description="β at step 0 (the margin's Lagrange multiplier)")
+    beta_rate: float | None = Field(ge=0.0, description=(
+        "lopd_ramp's open-loop slope: β_t = beta_init + beta_rate·t, Δ(φ) never read; null = η_β·m (the arm's m): "
+        "what dual ascent adds per step while Δ(φ) ≪ m"))
+    beta_fixed: float = Field(ge=0.0, description=(
+        "lopd_fixbeta's β, held for the whole run (no dual ascent); used only when use_best_params is false, "
+        "else chosen on val from hpo.beta_fixed_choices"))
     top_m: int = Field(ge=1, description="support of the distillation KL(π_S ‖ π_T) (reverse KL, student "
                                          "first): top-M tokens plus one tail bucket")
     support: Literal["teacher", "student", "union"] = Field(description="whose top-M tokens form that support: "

@@ -110,3 +110,30 @@ def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> di
         "intervals": {str(t.number): dict(zip(("mean", "low", "high"), t_interval(np.asarray(t.per_task), alpha)))
                       for t in complete if t.per_task},
     }
+
+
+def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min_frac: float,
+                   max_delta: dict[int, float | None] | None = None) -> dict:
+    """The best COMPLETE trial whose margin binds (the ``lopd_binding`` arm's point): among the trials whose
+    runs have status ``binds`` in at least ``min_frac`` of their seeds (``statuses[number]``, one per seed, as
+    :func:`lopd.analysis.constraint.constraint_status`), the highest value, then the lowest number.
+
+    Returns ``{"trial", "point", "value", "statuses"}``, or ``{"trial": None, "reason"}`` saying why there is
+    none: the largest Δ(φ) any run reached (``max_delta[number]``) against the smallest positive m tried."""
+    def binds(t: TrialScore) -> bool:
+        st = statuses.get(t.number) or []
+        return bool(st) and st.count("binds") >= min_frac * len(st)
+
+    ok = [t for t in trials if t.state == "COMPLETE" and t.value is not None and binds(t)]
+    if ok:
+        best = max(ok, key=lambda t: (t.value, -t.number))
+        return {"trial": best.number, "point": dict(best.point), "value": float(best.value),
+                "statuses": list(statuses[best.number])}
+    reached = max(((d, n) for n, d in (max_delta or {}).items() if d is not None), default=None)
+    positive = [float(t.point["margin"]) for t in trials if float(t.point.get("margin", 0.0)) > 0]
+    any_bind = sorted(n for n, st in statuses.items() if "binds" in st)
+    why = (f"no completed trial's margin binds in at least {min_frac:.0%} of its seeds"
+           + (f" (binds in some seed: trial(s) {', '.join(map(str, any_bind))})" if any_bind else "")
+           + (f"; the largest Δ(φ) any run reached is {reached[0]:.4f} (trial {reached[1]})" if reached else "")
+           + (f"; the smallest positive m tried is {min(positive):g}" if positive else "; no positive m was tried"))
+    return {"trial": None, "reason": why}

@@ -36,7 +36,7 @@ from lopd.utils import atomic_write_text, write_csv, write_json
 
 TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "tied_with_best", "margin", "K", "n_ret",
                  "lr_student"]
-BASELINE_COLUMNS = ["arm", "lr_student", "seed", "val_reward"]
+BASELINE_COLUMNS = ["arm", "knob", "knob_value", "seed", "val_reward"]
 MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
 
 
@@ -81,8 +81,9 @@ def study_name(params, dep_files: list[Path]) -> str:
 
     # which runs the final matrix holds is not part of a trial (adding a seed must not restart the search)
     # nor is how the final runs draw the bank and φ0 (the search always uses the shared draw)
+    # nor the control arms' β schedules (a trial is lopd, with dual ascent)
     train = params.train.model_dump(exclude={"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params",
-                                             "per_seed_draws"})
+                                             "per_seed_draws", "beta_rate", "beta_fixed"})
     setup = [sha256_path(f) for f in dep_files] + [train]
     setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
     return f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
@@ -91,7 +92,8 @@ def study_name(params, dep_files: list[Path]) -> str:
 def _space_hash(params) -> str:
     import hashlib
 
-    d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "tie_rule", "tie_alpha"})  # none changes a trial
+    d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "beta_fixed_choices", "tie_rule",
+                                       "tie_alpha"})  # none changes a trial
     d["steps"] = horizon(params)
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
@@ -151,38 +153,50 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     return study
 
 
+def tuned_knob(params, arm: str) -> tuple[str, list[float]]:
+    """The knob an arm of ``hpo.baseline_arms`` is tuned over and its values: lopd_fixbeta's held β
+    (``hpo.beta_fixed_choices``), any other arm's student learning rate (``hpo.lr_choices``)."""
+    from lopd.arms import get_arm
+
+    if get_arm(arm).beta_schedule == "fixed":
+        return "beta_fixed", list(params.hpo.beta_fixed_choices)
+    return "lr_student", list(params.hpo.lr_choices)
+
+
 def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -> dict:
-    """Each arm of ``hpo.baseline_arms`` trained at every learning rate of ``hpo.lr_choices`` (same horizon
-    and seeds as a search trial, validation only; K and n_ret of the selected point where the arm reads
-    them): per arm, its rates × seeds as one population. Selected: the highest mean val reward, the
-    smaller rate among equal ones. Writes ``baselines.csv`` (every run) and ``baselines.yaml``
-    (arm -> lr_student, value, values by rate)."""
+    """Each arm of ``hpo.baseline_arms`` trained at every value of its knob (:func:`tuned_knob`; same
+    horizon and seeds as a search trial, validation only; m, K, n_ret of the selected point where the arm
+    reads them, and its learning rate too when the knob is not the rate): per arm, its values × seeds as
+    one population. Selected: the highest mean val reward, the smaller value among equal ones. Writes
+    ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> knob, its value, val reward by value)."""
     from lopd.arms import get_arm
     from lopd.population.points import train_points
     from lopd.tracking.names import baseline_run
 
     hp, steps = params.hpo, horizon(params)
     seeds = [1000 + s for s in range(hp.seeds_per_trial)]
-    lrs = list(hp.lr_choices)
     rows, chosen = [], {}
     for arm in hp.baseline_arms:
+        knob, values = tuned_knob(params, arm)
         fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
+        if knob != "lr_student" and get_arm(arm).use_selected:
+            fixed["lr_student"] = sel["lr_student"]
 
-        def naming(p: int, seed: int, arm=arm) -> tuple[dict, str]:
-            return {"stage": "hpo-baselines", "split": "val", "lr_student": lrs[p]}, baseline_run(arm, lrs[p], seed)
+        def naming(p: int, seed: int, arm=arm, knob=knob, values=values) -> tuple[dict, str]:
+            return {"stage": "hpo-baselines", "split": "val", knob: values[p]}, baseline_run(arm, values[p], seed, knob)
 
-        scores = train_points(params, res, arm, [{**fixed, "lr_student": lr} for lr in lrs], seeds, steps=steps,
+        scores = train_points(params, res, arm, [{**fixed, knob: v} for v in values], seeds, steps=steps,
                               val_every=hp.val_every, naming=naming,
                               parent_run_id=parent_tracker.run_id if parent_tracker else None,
                               label=f"baseline {arm}")
         means = {}
-        for lr, per_seed in zip(lrs, scores):
+        for v, per_seed in zip(values, scores):
             for seed, sc in zip(seeds, per_seed):
-                rows.append({"arm": arm, "lr_student": lr, "seed": seed, "val_reward": sc.val_reward})
-            means[lr] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
-        best = max(sorted(means), key=lambda lr: means[lr])  # sorted: the smaller rate wins an exact tie
-        chosen[arm] = {"lr_student": float(best), "value": float(means[best]), "selected_on": "val",
-                       "values": {str(lr): float(v) for lr, v in sorted(means.items())}}
+                rows.append({"arm": arm, "knob": knob, "knob_value": v, "seed": seed, "val_reward": sc.val_reward})
+            means[v] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
+        best = max(sorted(means), key=lambda v: means[v])  # sorted: the smaller value wins an exact tie
+        chosen[arm] = {knob: float(best), "knob": knob, "value": float(means[best]), "selected_on": "val",
+                       "values": {str(v): float(m) for v, m in sorted(means.items())}}
     write_csv(out_dir / "baselines.csv", rows, BASELINE_COLUMNS)
     atomic_write_text(out_dir / "baselines.yaml", yaml.safe_dump(chosen, sort_keys=True))
     return chosen
@@ -205,7 +219,8 @@ def write_outputs(study, out_dir: Path, params) -> dict:
     ``selection.json`` (:func:`lopd.hpo.selection.select`) and ``best_params.yaml`` (the point the
     registered tie rule selects, its tie count and the rule)."""
     from lopd.errors import RunFailed
-    from lopd.hpo.selection import TrialScore, select
+    from lopd.analysis.constraint import trial_margins
+    from lopd.hpo.selection import TrialScore, select, select_binding
 
     done = finished_trials(study)
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))
@@ -219,24 +234,38 @@ def write_outputs(study, out_dir: Path, params) -> dict:
              "ci_high": (ci.get(str(t.number)) or {}).get("high"), "tied_with_best": t.number in tied, **t.point}
             for t in scores]
     write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
-    write_csv(out_dir / "margin_paths.csv", margin_path_rows(done), MARGIN_PATH_COLUMNS)
+    paths_rows = margin_path_rows(done)
+    write_csv(out_dir / "margin_paths.csv", paths_rows, MARGIN_PATH_COLUMNS)
+    margins = {int(n): t for n, t in trial_margins(paths_rows).items()}
+    sel["binding"] = select_binding(scores, {n: t["status"] for n, t in margins.items()}, params.hpo.binding_min_frac,
+                                    {n: t["max_delta"] for n, t in margins.items()})
     write_json(out_dir / "selection.json", sel)
-    p = sel["point"]
-    best = {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
-            "lr_student": float(p.get("lr_student", params.train.lr_student)), "value": float(sel["value"]),
-            "trial": sel["selected"], "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "selected_on": "val"}
+    best = {**_point(sel["point"], params), "value": float(sel["value"]), "trial": sel["selected"],
+            "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "selected_on": "val"}
+    b = sel["binding"]
+    best["binding"] = ({**_point(b["point"], params), "value": b["value"], "trial": b["trial"]}
+                       if b["trial"] is not None else None)
+    if b["trial"] is None:
+        best["binding_reason"] = b["reason"]
     atomic_write_text(out_dir / "best_params.yaml", yaml.safe_dump(best, sort_keys=True))
     return best
 
 
+def _point(p: dict, params) -> dict:
+    """A trial's point as the final runs read it (``best_params.yaml``)."""
+    return {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
+            "lr_student": float(p.get("lr_student", params.train.lr_student))}
+
+
 def margin_path_rows(trials) -> list[dict]:
     """One row per (trial, seed, step): the trial's m, and that seed's β and Δ(φ) after the step (the
-    ``margin_path`` user attribute :func:`lopd.hpo.batches.train_trials` keeps; a trial without one: no rows)."""
+    ``margin_path`` user attribute :func:`lopd.hpo.batches.train_trials` keeps; a trial without one: no rows).
+    ``trials`` are :func:`finished_trials`; a trial is numbered by its position there, as in ``trials.csv``."""
     rows = []
-    for t in trials:
+    for i, t in enumerate(trials):
         for path in t.user_attrs.get("margin_path", ()):
             cols = [path.get(k, ()) for k in ("step", "beta", "delta_phi")]
-            rows += [{"trial": t.number, "seed": path["seed"], "margin": t.params.get("margin"), "step": int(s),
+            rows += [{"trial": i, "seed": path["seed"], "margin": t.params.get("margin"), "step": int(s),
                       "beta": b, "delta_phi": d} for s, b, d in zip(*cols)]
     return rows
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from lopd import data as data_mod
 from lopd.config import Params
 from lopd.errors import BadInput
-from lopd.paths import Paths
+from lopd.paths import NOT_RUN, Paths
 from lopd.stages.common import splits_read, write_side
-from lopd.utils import write_json
+from lopd.utils import read_json, write_json
 
 
 def _evaluate(params: Params, model, fmt, envs, tasks, seed: int, label: str) -> dict:
@@ -50,6 +50,11 @@ def run(params: Params, paths: Paths, arm: str, seed: int | None = None) -> dict
     from lopd.engine.evaluation import make_envs
 
     get_arm(arm)
+    if paths.not_run(arm).exists():  # train@arm ran no seed by design: nothing to evaluate, no test read
+        record = read_json(paths.not_run(arm))
+        write_json(paths.arm_evals(arm) / NOT_RUN, record)
+        print(f"{arm}: not evaluated: {record.get('reason')}")
+        return {}
     seeds = params.train.seeds_of(arm) if seed is None else [seed]
     for s in seeds:
         if not (paths.run_dir(arm, s) / "result.json").exists():

@@ -35,19 +35,22 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
         tracker.end()
         return {}
     sel = write_outputs(study, paths.hpo, params)
-    tracker.log_params({f"best_{k}": v for k, v in sel.items()})
+    tracker.log_params({f"best_{k}": v for k, v in sel.items() if k not in ("binding", "binding_reason")})
+    tracker.log_params({"binding_trial": (sel["binding"] or {}).get("trial")})
     try:
         baselines = tune_baselines(params, res, sel, paths.hpo, parent_tracker=tracker)
     except BaseException:
         tracker.end("FAILED")
         raise
-    tracker.log_params({f"lr_{arm}": b["lr_student"] for arm, b in baselines.items()})
+    tracker.log_params({f"{b['knob']}_{arm}": b[b["knob"]] for arm, b in baselines.items()})
     tracker.end()
     write_result(paths.hpo, sel, study, splits_read())
     write_side(paths, "hpo", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
                               "tracking": tracker.status, "interrupted_trials": interrupted_trials(study)})
     print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} lr={sel['lr_student']} "
           f"(val reward {sel['value']:.3f}; {sel['tie_count']} trial(s) tied with the best, rule {sel['tie_rule']})")
+    b = sel["binding"]
+    print(f"lopd_binding: trial {b['trial']}" if b else f"lopd_binding: not run ({sel['binding_reason']})")
     for arm, b in baselines.items():
-        print(f"  {arm}: lr_student {b['lr_student']} (val reward {b['value']:.3f})")
+        print(f"  {arm}: {b['knob']} {b[b['knob']]} (val reward {b['value']:.3f})")
     return sel

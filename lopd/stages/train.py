@@ -12,13 +12,21 @@ from __future__ import annotations
 from lopd.config import Params
 from lopd.paths import Paths
 from lopd.stages.common import load_resources, with_draw, write_side
+from lopd.utils import write_json
 
 
 def run(params: Params, paths: Paths, arm: str, seed: int | None = None) -> dict:
     from lopd.arms import get_arm
     from lopd.training.distributed import World
+    from lopd.training.run import not_run_reason
 
     spec = get_arm(arm)
+    why = not_run_reason(params, paths.hpo / "best_params.yaml", spec)
+    if why is not None:  # by design (lopd_binding without a binding trial): the record says why, the report too
+        write_json(paths.not_run(arm), {"arm": arm, "reason": why})
+        print(f"{arm}: not run: {why}")
+        return {}
+    paths.not_run(arm).unlink(missing_ok=True)  # a record from an earlier search that found no point
     world = World.from_env(params.model.device)  # None unless launched by torchrun with >1 process
     seeds = params.train.seeds_of(arm) if seed is None else [seed]
     if world is not None or seed is not None:

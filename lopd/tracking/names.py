@@ -49,8 +49,9 @@ def trial_run(number: int, point: dict, seed: int | None = None) -> str:
     return f"trial {number} · {point_label(point)}" + (f" · seed {seed}" if seed is not None else "")
 
 
-def baseline_run(arm: str, lr: float, seed: int) -> str:
-    return f"baseline {arm} · lr={_num(lr)} · seed {seed}"
+def baseline_run(arm: str, value: float, seed: int, knob: str = "lr_student") -> str:
+    name = {"lr_student": "lr", "beta_fixed": "β"}.get(knob, knob)
+    return f"baseline {arm} · {name}={_num(value)} · seed {seed}"
 
 
 def sensitivity_run(axis: str, value, seed: int) -> str:

@@ -126,6 +126,20 @@ def dual_update(beta: float, margin: float, delta_phi: float, eta: float) -> flo
     return max(0.0, beta + eta * (margin - delta_phi))
 
 
+def ramp_beta(beta_init: float, rate: float, step: int) -> float:
+    """Open-loop β schedule of the ``lopd_ramp`` control: ``β_t = β_0 + r·t`` after step ``t``.
+
+    Dual ascent gives ``β_t = β_0 + η Σ_{s≤t} (m − Δ_s)`` while it stays positive, so with
+    ``r = η·(m − Δ)`` for a Δ held constant below m the two paths coincide; with ``r = η·m`` the
+    ramp is what dual ascent does while Δ ≪ m, without reading Δ. Requires ``β_0, r ≥ 0``, ``t ≥ 0``.
+    """
+    beta_init = check_scalar("beta_init", beta_init, nonneg=True)
+    rate = check_scalar("rate", rate, nonneg=True)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return beta_init + rate * step
+
+
 # --------------------------------------------------------------------------- anchor
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "margin_sat_frac",
     "margin_penalty",
     "dual_update",
+    "ramp_beta",
     "anchor_loss",
     "grpo_advantages",
     "policy_gradient_loss",
@@ -339,5 +340,6 @@ from lopd.training.margin import (  # noqa: E402,F401
     margin_penalty,
     margin_sat_frac,
     outcome_weighted_delta,
+    ramp_beta,
     token_delta,
 )

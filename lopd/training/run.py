@@ -23,7 +23,8 @@ from lopd.utils import atomic_write_text, write_json
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
     """What the validation search chose for ``arm``: m, K, n_ret and the student learning rate for the
     arms that use the selected point (``best_params.yaml``); an arm tuned as a baseline
-    (``baselines.yaml`` beside it lists it) takes its own learning rate from there."""
+    (``baselines.yaml`` beside it lists it) takes the knob it was tuned over from there: its learning rate, or
+    lopd_fixbeta its held β (``beta_fixed``)."""
     import yaml
 
     if not params.train.use_best_params:
@@ -33,13 +34,34 @@ def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
         if not best_params_file.exists():
             raise BadInput(f"{best_params_file} not found: run the hpo stage first, or set train.use_best_params: false")
         best = yaml.safe_load(best_params_file.read_text()) or {}
+        if arm.point == "binding":
+            if "binding" not in best:
+                raise BadInput(f"{best_params_file} has no 'binding' entry (a search written before lopd_binding "
+                               "existed): rerun the hpo stage")
+            if best["binding"] is None:
+                raise BadInput(f"arm {arm.name} has no point: {best.get('binding_reason', 'no trial binds')}")
+            best = best["binding"]
         out = {k: best[k] for k in ("margin", "K", "n_ret", "lr_student") if k in best}
     tuned = best_params_file.with_name("baselines.yaml")
     if tuned.exists():
         own = (yaml.safe_load(tuned.read_text()) or {}).get(arm.name)
         if own:
-            out["lr_student"] = own["lr_student"]
+            knob = own.get("knob", "lr_student")
+            out[knob] = own[knob]
     return out
+
+
+def not_run_reason(params: Params, best_params_file: Path, arm) -> str | None:
+    """Why ``arm`` cannot run by design, or None: lopd_binding when the search found no trial whose margin
+    binds (``best_params.yaml``: ``binding: null`` and ``binding_reason``)."""
+    import yaml
+
+    if arm.point != "binding" or not params.train.use_best_params or not best_params_file.exists():
+        return None
+    best = yaml.safe_load(best_params_file.read_text()) or {}
+    if "binding" in best and best["binding"] is None:
+        return str(best.get("binding_reason") or "no search trial's margin binds")
+    return None
 
 
 @dataclass

@@ -71,6 +71,8 @@ class HParams:
     lambda_anchor: float
     eta_beta: float
     beta_init: float
+    beta_rate: float | None
+    beta_fixed: float
     top_m: int
     support: str
     temperature: float
@@ -142,7 +144,7 @@ class Trainer:
         self.opt_theta = torch.optim.AdamW(self.theta, lr=hp.lr_student, weight_decay=0.0)
         self.phi: list = []
         self.opt_phi = None
-        self.beta = hp.beta_init if arm.margin else 0.0
+        self.beta = (hp.beta_fixed if arm.beta_schedule == "fixed" else hp.beta_init) if arm.margin else 0.0
         self.margin = hp.margin if arm.margin else 0.0
         self.step = 0
         self.rollouts_used = 0
@@ -267,9 +269,17 @@ class Trainer:
         kill_point("step", detail=f"step {self.step + 1}")  # fault injection: gradients taken, no update yet
         self.optimiser_step()
 
+    def beta_rate(self) -> float:
+        """lopd_ramp's slope: ``train.beta_rate``, or η_β·m when null."""
+        return self.hp.beta_rate if self.hp.beta_rate is not None else self.hp.eta_beta * self.margin
+
     def _dual_update(self, m: dict) -> None:
-        """Dual ascent on β for φ's constraint Δ(φ) ≥ m, after the primal step."""
-        if not (self.arm.margin and self.arm.train_composer):
+        """β after the primal step, by the arm's schedule: dual ascent on φ's constraint Δ(φ) ≥ m; an
+        open-loop ramp (lopd_ramp, Δ not read); or unchanged (lopd_fixbeta)."""
+        if not (self.arm.margin and self.arm.train_composer) or self.arm.beta_schedule == "fixed":
+            return
+        if self.arm.beta_schedule == "ramp":  # after step t = self.step + 1, whatever Δ did
+            self.beta = obj.ramp_beta(self.hp.beta_init, self.beta_rate(), self.step + 1)
             return
         d, w = m.get("delta_phi", float("nan")), m.get("delta_weight", 0.0)
         if self.world is not None:  # Δ over every rank's rewarded tokens (all ranks call this)
