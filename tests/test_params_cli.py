@@ -91,10 +91,10 @@ def test_exp_run_argv_for_the_smoke_profile():
     sets = argv[3:-2:2]
     assert all(a == "-S" for a in argv[2:-2:2])
     assert "envs.n_train=48" in sets and "train.steps=2" in sets
-    assert "train.arms=[base,lopd,lopd_shuffled]" in sets
+    assert "train.arms=[base,lopd,lopd_shuffled,lopd_binding]" in sets
     assert "hpo.lr_choices=[0.002,0.005]" in sets
     assert "sensitivity.margins=[0.0]" in sets
-    assert len(sets) == 30  # one per leaf of the profile
+    assert len(sets) == 31  # one per leaf of the profile
 
 
 @pytest.mark.parametrize("value,literal", [
