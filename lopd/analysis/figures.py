@@ -19,7 +19,8 @@ from lopd.utils import atomic_write_bytes
 
 COLORS = {
     "base": "#7f7f7f", "sft": "#8c564b", "grpo": "#d62728", "opsd_text": "#ff7f0e", "lopd_frozen": "#bcbd22",
-    "lopd_nomargin": "#9467bd", "lopd": "#1f77b4", "lopd_ramp": "#e377c2", "lopd_fixbeta": "#393b79", "lopd_shuffled": "#2ca02c", "lopd_unrelated": "#17becf",
+    "lopd_nomargin": "#9467bd", "lopd": "#1f77b4", "lopd_ramp": "#aec7e8", "lopd_fixbeta": "#393b79",
+    "lopd_binding": "#8c6d31", "lopd_shuffled": "#2ca02c", "lopd_unrelated": "#17becf",
     "lopd_nocontent": "#e377c2",
 }
 CONTROL_STYLE = {"lopd_shuffled": ":", "lopd_unrelated": ":", "lopd_nocontent": ":", "base": "--", "sft": "--",

@@ -181,7 +181,8 @@ def _tuning_table(search: dict, runs: dict) -> str:
         hp, sw = res.get("hparams") or {}, res.get("arm_switches") or {}
         if arm in base:
             knob = base[arm].get("knob", "lr_student")
-            vals = ", ".join(f"{v}: {fmt(r, 3)}" for v, r in base[arm]["values"].items())
+            by_value = sorted(base[arm]["values"].items(), key=lambda kv: float(kv[0]))  # yaml sorts keys as text
+            vals = ", ".join(f"{v}: {fmt(r, 3)}" for v, r in by_value)
             what = {"lr_student": "student lr", "beta_fixed": "held β"}.get(knob, knob)
             how = f"{what} from {{{vals}}} (val reward per value)"
             if knob != "lr_student" and sw.get("use_selected"):
