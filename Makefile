@@ -4,8 +4,6 @@ VENV ?= .venv
 # The CPU wheel of torch; a GPU user sets e.g. TORCH_SPEC="torch==2.13.0" with a CUDA index.
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?=
-# xdist workers of `make test` (tests/conftest.py keeps the smoke pipeline's tests on one of them)
-TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
@@ -34,7 +32,7 @@ repro: $(BIN)/.installed
 # failure paths (a killed job retried, an interrupt, the exclusive lock, the resource check, stale worktrees).
 test: $(BIN)/.installed
 	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
 # The longest end-to-end tests: the smoke matrix through lopd launch against a serial repro, the lora_r rerun, plots diff.
 test-e2e: $(BIN)/.installed

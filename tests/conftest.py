@@ -42,25 +42,6 @@ TINY = {
 }
 
 
-# `make test` runs the suite on two xdist workers (--dist loadgroup): each worker builds its own session
-# fixtures, so every test of the one smoke pipeline runs on one worker (it is built once), and the tests
-# that start a local Ray cluster run one after another on one worker (one head node at a time).
-SMOKE_FIXTURES = {"smoke_recorded", "smoke_reference"}
-
-
-def pytest_collection_modifyitems(config, items):
-    smoke = []
-    for item in items:
-        if SMOKE_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("smoke"))
-            smoke.append(item)
-        elif item.path.name == "test_launch.py":
-            item.add_marker(pytest.mark.xdist_group("ray"))
-    # the smoke group is the longest unit of work: first in line, so it does not start last
-    first = {id(i) for i in smoke}
-    items[:] = smoke + [i for i in items if id(i) not in first]
-
-
 @dataclass
 class Workspace:
     root: Path
