@@ -187,7 +187,7 @@ def test_binding_point_is_the_best_completed_trial_whose_margin_binds():
     trial 1 (0.45, the best value) degenerates in both, trial 2 (0.42) binds in both, trial 3 (0.50) binds
     in both but was pruned. The point is trial 2 (the best completed one binding in ≥ half its seeds); at
     min_frac 1 it is still trial 2; without trial 2 and at min_frac 1 no trial qualifies and the reason gives
-    the largest Δ reached (0.06, trial 1) against the smallest positive m tried (0.005)."""
+    the largest Δ reached (0.06, trial 1) against the smallest positive m tried (0.01, trial 2 left out)."""
     from lopd.hpo.selection import select_binding
 
     pts = [{"margin": 0.01}, {"margin": 1.0}, {"margin": 0.005}, {"margin": 0.0}]
