@@ -145,12 +145,12 @@ def margin_contrast_tests(pairs, by_seed: Mapping[str, Mapping[int, float]],
     (lopd against arms whose β never reads Δ(φ); the binding-margin arm against the frozen composer). Each
     row: a, b, n, diff, ci95 (t), p (t), p_exact (sign flip); or ``missing`` (arms without seeds) with the
     reason an arm was not run (``not_run[arm]``) where one is given."""
-    rows = []
+    rows, not_run = [], not_run or {}
     for a, b in pairs:
         missing = [x for x in (a, b) if not by_seed.get(x)]
         seeds = sorted(set(by_seed.get(a, {})) & set(by_seed.get(b, {})))
         row = {"a": a, "b": b, "n": len(seeds), "missing": missing,
-               "not_run": {x: (not_run or {})[x] for x in missing if x in (not_run or {})}}
+               "not_run": {x: not_run[x] for x in missing if x in not_run}}
         if len(seeds) >= 2:
             d = np.array([by_seed[a][s] - by_seed[b][s] for s in seeds])
             two = st.t_test(d, alternative="two-sided", confidence=st.DESCRIPTIVE_CONFIDENCE)

@@ -62,9 +62,8 @@ def _mark_path_check(out: Path) -> None:
         write_text(f, PATH_CHECK_BANNER + f.read_text())
 
 
-def _missing_inputs(root: Path, runs, evals) -> list[str]:
+def _missing_inputs(root: Path, runs, evals, not_run: dict[str, str]) -> list[str]:
     missing = [] if evals else ["results/eval/<arm>/seed-<s>/result.json (no test results)"]
-    not_run = load_not_run(root)
     for arm in ARMS:
         if arm in not_run:
             missing.append(f"arm {arm} not run by design: {not_run[arm]}")
@@ -141,7 +140,8 @@ def build_report(params, root: Path = Path(".")) -> dict:
                        "first")
     evals = load_evals(root)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    missing = _missing_inputs(root, runs, evals)
+    not_run = load_not_run(root)
+    missing = _missing_inputs(root, runs, evals, not_run)
     rule, premise = Rule.from_params(rp), load_premise(root)
     table, task_problems = load_task_table(evals)
     task_contrast = task_contrast_fn(table)
@@ -153,7 +153,7 @@ def build_report(params, root: Path = Path(".")) -> dict:
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
     fal["margin_contrasts"] = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms},
-                                                    load_not_run(root))
+                                                    not_run)
     write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal),
                                                 ci_scope(params.train.per_seed_draws), fal["margin_contrasts"]))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
