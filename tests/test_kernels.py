@@ -26,12 +26,9 @@ def _tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def _base_run(tmp: Path, name: str, parent_env: dict, splits: Path | None = None) -> tuple[str, dict]:
-    """prepare (or a copy of ``splits``: prepare computes no tensor) + a 40-step base pretraining in a fresh
-    process under ``parent_env``: the digest of models/base and the kernels the base stage recorded in its
-    side file."""
-    import shutil
-
+def _base_run(tmp: Path, name: str, parent_env: dict) -> tuple[str, dict]:
+    """prepare + a 40-step base pretraining in a fresh process under ``parent_env``: the digest of
+    models/base and the kernels the base stage recorded in its side file."""
     root = tmp / name
     root.mkdir()
     raw = tiny_params_dict()
@@ -39,9 +36,7 @@ def _base_run(tmp: Path, name: str, parent_env: dict, splits: Path | None = None
     raw["base"].update({"steps": 40})
     raw["tracking"]["uri"] = f"sqlite:///{root / 'mlflow.db'}"
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
-    if splits is not None:
-        shutil.copytree(splits, root / "data" / "splits")
-    for cmd in ("base",) if splits is not None else ("prepare", "base"):
+    for cmd in ("prepare", "base"):
         r = run_cmd([str(BIN / "lopd"), "--params", "params.yaml", cmd], root, 600, LOPD_WARM="0", **parent_env)
         assert r.returncode == 0, r.stderr[-3000:]
     side = json.loads((root / ".lopd" / "timing" / "base.json").read_text())
@@ -55,8 +50,7 @@ def test_base_pretraining_is_the_same_bytes_whatever_the_parent_environment_asks
     # the scalar kernels sum in another order than any vectorised ones (on this AVX-512 EPYC, and on an AVX2
     # machine alike); without the pin this run writes another models/base (checked by disabling pin_kernels)
     digest, rec = _base_run(tmp_path, "default", {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
-                                                  "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"},
-                               splits=tmp_path / "plain" / "data" / "splits")
+                                                  "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"})
     assert rec["aten_cpu_capability"] == "AVX2", rec
     assert digest == plain, "a parent asking for the default kernels changed models/base"
 
