@@ -157,8 +157,7 @@ TOY_SCRIPTS = {
         import json, pathlib, sys, time, yaml
         arm, seed = sys.argv[1], int(sys.argv[2])
         p = yaml.safe_load(open("params.yaml"))["work"]
-        s = p["sleep"]  # seconds, for every job or by job ({"b-1": 6}: only the jobs a test kills wait)
-        time.sleep(s.get(f"{arm}-{seed}", 0) if isinstance(s, dict) else s)
+        time.sleep(p["sleep"])
         best = int(pathlib.Path("search/best.txt").read_text())
         value = (p[arm] * 10 + seed) * (best + 1)
         pathlib.Path("out").mkdir(exist_ok=True)
@@ -201,7 +200,7 @@ def _run(cmd, cwd, env, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _make_toy(root: Path, sleep: float | dict = 3.0) -> Path:
+def _make_toy(root: Path, sleep: float = 3.0) -> Path:
     root.mkdir(parents=True)
     (root / "dvc.yaml").write_text(TOY_DVC)
     for name, src in TOY_SCRIPTS.items():
@@ -419,7 +418,7 @@ def _kill_group(pid: int) -> None:
 
 @needs_ray
 def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
-    root = _make_toy(tmp_path / "toy", sleep={"b-1": 6, "a-0": 6})  # the jobs it kills run long enough to be hit
+    root = _make_toy(tmp_path / "toy", sleep=6)
 
     # 1. a job killed mid-run (max_retries 0): reported with its log, its downstream not started,
     #    and no run-cache entry (DVC writes it only after the command succeeded)
