@@ -17,8 +17,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: anything that pulls torch later finds it satisfied (no CUDA build download)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	# the rest with uv, from the sources pip is configured with (tools/install.py; pip's resolver: ~85 s, uv: ~10 s)
-	$(BIN)/python tools/install.py $(BIN)/python -q -e ".[test,minilm,cluster]"
+	$(BIN)/python -m pip install -q -e ".[test,minilm,cluster]"
 	touch $@
 
 setup: $(BIN)/.installed
