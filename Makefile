@@ -4,6 +4,8 @@ VENV ?= .venv
 # The CPU wheel of torch; a GPU user sets e.g. TORCH_SPEC="torch==2.13.0" with a CUDA index.
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?=
+# make test's pytest workers (pytest-xdist; tests/conftest.py keeps each test file, and the smoke pipeline's files, on one)
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
@@ -32,7 +34,7 @@ repro: $(BIN)/.installed
 # failure paths (a killed job retried, an interrupt, the exclusive lock, the resource check, stale worktrees).
 test: $(BIN)/.installed
 	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 # The longest end-to-end tests: the smoke matrix through lopd launch against a serial repro, the lora_r rerun, plots diff.
 test-e2e: $(BIN)/.installed

@@ -25,6 +25,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Two torch processes on two cores (``make test`` runs two pytest workers): OpenMP's busy-wait would make
+# each spin on the cores the other needs; passive waiting changes when threads sleep, never a result.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from lopd.kernels import pin_kernels  # noqa: E402
 
 # before any test imports torch and computes: in-process stages then use the kernels a stage
@@ -167,3 +171,39 @@ def solved_train_tasks(res) -> list:
     tasks = [t for t in res.train_tasks if t.task_id in solved]
     assert len(tasks) >= 8, f"the test workspace's bank solved only {len(tasks)} train tasks"
     return tasks
+
+
+# --------------------------------------------------------------------------- two workers (pytest-xdist)
+SMOKE_FIXTURES = ("smoke_recorded", "smoke_reference")
+# The test files that use the shared smoke pipeline (a test file must name a fixture to use it).
+SMOKE_FILES = {f"tests/{f.name}" for f in Path(__file__).parent.glob("test_*.py")
+               if any(name in f.read_text() for name in SMOKE_FIXTURES)}
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "smoke-pipeline" if path in SMOKE_FILES else path
+
+
+def pytest_collection_modifyitems(config, items):
+    """The smoke pipeline's files first (stable otherwise): under two workers the longest group starts
+    at once, and alone the suite builds the pipeline before anything else, as it would anyway."""
+    items.sort(key=lambda item: _group(item.nodeid) != "smoke-pipeline")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs two workers (``-n 2``). Each test file runs on one worker as a whole, so its
+    module-scoped fixtures (a Ray cluster, a trained tokenizer, the kill chain) are built once and its
+    tests never race each other; every file of the shared smoke pipeline runs on one worker too, so the
+    pipeline is built once and the tests that run ``dvc`` in its repository run one at a time. (A
+    scheduler, not ``xdist_group`` marks: xdist 3.8 writes the group into ``item._nodeid``, which
+    pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # collection order: the smoke pipeline's group first
+    return FileGroups(config, log)
