@@ -187,7 +187,14 @@ def _group(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config, items):
     """The smoke pipeline's files first (stable otherwise): under two workers the longest group starts
-    at once, and alone the suite builds the pipeline before anything else, as it would anyway."""
+    at once, and alone the suite builds the pipeline before anything else, as it would anyway. A test that
+    reaches a smoke fixture (through any fixture) from a file outside the group is an error: on another
+    worker it would build a second pipeline and race the group's ``dvc`` runs."""
+    stray = [item.nodeid for item in items if set(SMOKE_FIXTURES) & set(getattr(item, "fixturenames", ()))
+             and _group(item.nodeid) != "smoke-pipeline"]
+    if stray:
+        raise pytest.UsageError(f"these tests use the smoke pipeline from files outside its worker group ({SMOKE_FIXTURES} "
+                                f"must be named in the test file, tests/conftest.py SMOKE_FILES): {stray}")
     items.sort(key=lambda item: _group(item.nodeid) != "smoke-pipeline")
 
 
