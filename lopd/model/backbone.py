@@ -200,12 +200,13 @@ class Backbone:
             views.append(v)
         return views
 
-    def member_rows(self, role: str, member_of_row: torch.Tensor, n_members: int):
+    def member_rows(self, role: str, member_of_row: torch.Tensor, n_members: int, segments: bool = False):
         """Context: the forward passes inside run row ``n`` through member ``member_of_row[n]``'s
-        ``role`` adapter (views from :meth:`members`)."""
+        ``role`` adapter (views from :meth:`members`); ``segments``: rows that come member by member
+        may take the per-member path (:class:`lopd.model.members.MemberRouting`)."""
         dtype = next(iter(self._lora)).dtype
         return members.member_rows(self.routing, role, member_of_row.to(self.device), n_members,
-                                   self._lora_config.r, dtype)
+                                   self._lora_config.r, dtype, segments)
 
     @contextmanager
     def recompute_in_backward(self, enabled: bool = True) -> Iterator[None]:

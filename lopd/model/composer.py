@@ -52,6 +52,99 @@ from torch import nn
 
 from lopd.model.chat import pad_sequences
 
+# The encoder pass runs the distinct experiences in at most this many length buckets, each padded to its own
+# longest: more buckets pad less but pay a forward's fixed cost each (bench/roofline.py times the pass).
+MAX_BUCKETS = 2
+
+
+def length_buckets(lengths: list[int], max_buckets: int = MAX_BUCKETS) -> list[list[int]]:
+    """Row indices grouped into at most ``max_buckets`` buckets, each padded to its longest row: of every
+    split of the rows sorted by length into contiguous runs, the one with the fewest padded positions
+    ``Σ_b |b| · max_len(b)`` (dynamic programming over the distinct lengths; ties: fewer buckets, then the
+    earliest split). Buckets come shortest first; within one, rows keep their input order."""
+    if not lengths:
+        return []
+    if max_buckets < 1:
+        raise ValueError(f"max_buckets must be >= 1, got {max_buckets}")
+    distinct = sorted(set(lengths))
+    count = [sum(1 for n in lengths if n == v) for v in distinct]
+    m = len(distinct)
+    before = [0]
+    for c in count:
+        before.append(before[-1] + c)
+    # cost[b][j]: fewest padded positions covering the j shortest distinct lengths with b buckets
+    inf = float("inf")
+    cost = [[inf] * (m + 1) for _ in range(max_buckets + 1)]
+    cut = [[0] * (m + 1) for _ in range(max_buckets + 1)]
+    cost[0][0] = 0
+    for b in range(1, max_buckets + 1):
+        for j in range(1, m + 1):
+            for i in range(j):  # the last bucket holds distinct lengths i..j-1, padded to distinct[j-1]
+                c = cost[b - 1][i] + (before[j] - before[i]) * distinct[j - 1]
+                if c < cost[b][j]:
+                    cost[b][j], cut[b][j] = c, i
+    best = min(range(1, max_buckets + 1), key=lambda b: (cost[b][m], b))
+    bounds, j = [], m
+    for b in range(best, 0, -1):
+        bounds.append((cut[b][j], j))
+        j = cut[b][j]
+    out = []
+    for i, j in reversed(bounds):
+        lo, hi = distinct[i], distinct[j - 1]
+        rows = [r for r, n in enumerate(lengths) if lo <= n <= hi]
+        if rows:
+            out.append(rows)
+    return out
+
+
+def distinct_rows(seqs: list[list[int]], owner: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """The first occurrence of each distinct ``(owner, token ids)`` row, in input order, and for every row the
+    position of its distinct row in that list (``inverse``): ``seqs[i] == seqs[first[inverse[i]]]``. Two
+    members' copies of one experience are distinct rows (each member encodes with its own adapter)."""
+    seen: dict[tuple, int] = {}
+    first, inverse = [], []
+    for i, s in enumerate(seqs):
+        key = (owner[i] if owner is not None else 0, tuple(s))
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        inverse.append(seen[key])
+    return first, inverse
+
+
+def encode_distinct(bb, seqs: list[list[int]], owner: list[int] | None = None, n_members: int = 0):
+    """The composer encoder's last hidden states of the *distinct* rows of ``seqs``, packed by length.
+
+    Returns ``(h, mask, inverse)``: ``h`` (n_distinct, S, d) and ``mask`` (n_distinct, S) with 1 on real
+    tokens, S the longest row, the distinct rows in order of first occurrence (:func:`distinct_rows`), and
+    ``inverse`` (len(seqs),) mapping each input row to its distinct row. Each experience is encoded once per
+    call, and in :func:`length_buckets` rather than padded to the longest: the encoder is causal and the
+    padding is on the right, so a row's real positions do not see how far it was padded; the positions
+    past a row's length hold 0 here and are masked wherever they are read. ``owner``: the member whose
+    ``composer`` adapter encodes each row (a population, :meth:`lopd.model.backbone.Backbone.member_rows`)."""
+    first, inverse = distinct_rows(seqs, owner)
+    rows = [seqs[i] for i in first]
+    S = max(len(r) for r in rows)
+    parts, masks, order = [], [], []
+    for bucket in length_buckets([len(r) for r in rows]):
+        ids, mask = pad_sequences([rows[j] for j in bucket], bb.fmt.pad_id, bb.device)
+        if owner is None:
+            h = bb.hidden_states(ids, mask, role="composer")
+        else:
+            who = torch.tensor([owner[first[j]] for j in bucket], dtype=torch.long)
+            with bb.member_rows("composer", who, n_members, segments=True):  # rows come member by member
+                h = bb.hidden_states(ids, mask, role="composer")
+        parts.append(nn.functional.pad(h, (0, 0, 0, S - h.shape[1])))
+        masks.append(nn.functional.pad(mask, (0, S - mask.shape[1])))
+        order += bucket
+    h, mask = torch.cat(parts), torch.cat(masks)
+    if order != sorted(order):  # back to the order of first occurrence
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        back = back.to(h.device)
+        h, mask = h.index_select(0, back), mask.index_select(0, back)
+    return h, mask, torch.tensor(inverse, dtype=torch.long, device=h.device)
+
 
 class QFormerBlock(nn.Module):
     def __init__(self, d: int, k_max: int, n_heads: int = 4, emb_rms: float = 1.0, gate_init: float = 0.0):
@@ -102,9 +195,8 @@ class Composer(nn.Module):
     def forward(self, experiences: list[list[list[int]]], K: int) -> torch.Tensor:
         """``experiences[i]`` = the n_ret token-id lists retrieved for task i → c_φ (N, n_ret·K, d)."""
         n_ret = self.n_ret(experiences)
-        ids, mask = pad_sequences([x for e in experiences for x in e], self.bb.fmt.pad_id, self.bb.device)
-        h = self.bb.hidden_states(ids, mask, role="composer")
-        return self.compress(h, mask, n_ret, K)
+        h, mask, inverse = encode_distinct(self.bb, [x for e in experiences for x in e])
+        return self.compress(h, mask, n_ret, K, inverse)
 
     @staticmethod
     def n_ret(experiences: list[list[list[int]]]) -> int:
@@ -113,11 +205,20 @@ class Composer(nn.Module):
             raise ValueError(f"every task needs the same number of experiences, got {sorted(n_ret)}")
         return n_ret.pop()
 
-    def compress(self, h: torch.Tensor, mask: torch.Tensor, n_ret: int, K: int) -> torch.Tensor:
-        """The block over the encoder's hidden states ``h`` (N·n_ret, S, d) of the experiences, task
-        by task → c_φ (N, n_ret·K, d)."""
-        z = self.block(h.to(self.block.queries.dtype), mask, K)  # (N·n_ret, K, d)
-        return z.reshape(h.shape[0] // n_ret, n_ret * K, -1)
+    def compress(self, h: torch.Tensor, mask: torch.Tensor, n_ret: int, K: int,
+                 inverse: torch.Tensor | None = None) -> torch.Tensor:
+        """The block over the encoder's hidden states ``h`` of the experiences → c_φ (N, n_ret·K, d).
+
+        Without ``inverse``, ``h`` is (N·n_ret, S, d), task by task. With it, ``h`` holds distinct
+        experiences (:func:`encode_distinct`) and row ``i`` of the N·n_ret is distinct row ``inverse[i]``:
+        the block runs once per distinct experience (its latents depend on that experience alone)."""
+        z = self.block(h.to(self.block.queries.dtype), mask, K)  # (rows of h, K, d)
+        if inverse is not None:
+            # index_select, not z[inverse]: the backward of advanced indexing with repeated indices
+            # accumulates with CPU atomics in a different order every run (a repro that is not
+            # reproducible); index_select's backward (index_add_) adds the rows in index order
+            z = z.index_select(0, inverse)
+        return z.reshape(z.shape[0] // n_ret, n_ret * K, -1)
 
     def state(self) -> dict[str, torch.Tensor]:
         st = {f"block.{k}": v.detach().cpu().clone() for k, v in self.block.state_dict().items()}

@@ -17,7 +17,11 @@ rollout engine's live rows, once some have finished) with a mask:
     y = W x + s · h [B_0 | … | B_{S-1}]ᵀ
 
 Masking is exact (×1 or ×0), so a row's output is its member's LoRA output; only the order in
-which the final sum adds the zeros of other members' columns differs from a member alone. Both
+which the final sum adds the zeros of other members' columns differs from a member alone.
+Masking computes every member's factors for every row (S× the LoRA arithmetic). Where a caller
+knows its rows come member by member in unequal runs (the composer's distinct experiences,
+:func:`lopd.model.composer.encode_distinct`), it asks for ``segments``: each member's run of rows
+times its own ``A_iᵀ`` then ``B_iᵀ``, concatenated (the arithmetic of the members alone). Both
 paths are other kernels than a member alone runs (a last-bit difference, which is why the
 population's independence tests use tolerances). The gradient of ``A_i`` and ``B_i`` comes from
 member ``i``'s rows only. Outside the context every
@@ -38,12 +42,14 @@ import torch.nn.functional as F
 class MemberRouting:
     """What the patched LoRA layers read: each member's adapter name for the role being run, and how
     the batch's rows map to members — ``blocks``: the rows are ``S`` equal consecutive blocks, member
-    ``i``'s the ``i``-th (one ``bmm`` per map, no wasted arithmetic); else ``mask``, the (N, S·r) 0/1
-    mask. Neither set: peft's own forward runs."""
+    ``i``'s the ``i``-th (one ``bmm`` per map, no wasted arithmetic); ``segments``: the rows come member
+    by member, ``segments[i]`` of member ``i`` (two small matmuls per member and map); else ``mask``,
+    the (N, S·r) 0/1 mask. None set: peft's own forward runs."""
 
     names: list[str] | None = None
     mask: torch.Tensor | None = None
     blocks: int | None = None
+    segments: list[int] | None = None
     r: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
@@ -51,23 +57,29 @@ class MemberRouting:
     def state(self) -> tuple:
         """Everything a routed forward reads, to route a replay (activation checkpointing) as the
         forward was routed."""
-        return self.names, self.mask, self.blocks, self.r, self.dtype, self.device
+        return self.names, self.mask, self.blocks, self.segments, self.r, self.dtype, self.device
 
     def restore(self, state: tuple) -> None:
-        self.names, self.mask, self.blocks, self.r, self.dtype, self.device = state
+        self.names, self.mask, self.blocks, self.segments, self.r, self.dtype, self.device = state
 
     @property
     def active(self) -> bool:
-        return self.names is not None and (self.blocks is not None or self.mask is not None)
+        return self.names is not None and (self.blocks is not None or self.segments is not None
+                                           or self.mask is not None)
 
-    def set_rows(self, member_of_row: torch.Tensor) -> None:
-        """Route row ``n`` of the next passes through member ``member_of_row[n]``."""
+    def set_rows(self, member_of_row: torch.Tensor, segments: bool = False) -> None:
+        """Route row ``n`` of the next passes through member ``member_of_row[n]``. ``segments``: the caller
+        allows the per-member path when the rows come member by member (else the mask)."""
         S = len(self.names)
         n = member_of_row.shape[0]
-        if n % S == 0 and torch.equal(member_of_row.cpu(), torch.arange(S).repeat_interleave(n // S)):
-            self.blocks, self.mask = S, None
+        rows = member_of_row.cpu()
+        self.blocks = self.segments = self.mask = None
+        if n % S == 0 and torch.equal(rows, torch.arange(S).repeat_interleave(n // S)):
+            self.blocks = S
+        elif segments and n > 0 and bool((rows[1:] >= rows[:-1]).all()):
+            self.segments = torch.bincount(rows, minlength=S).tolist()
         else:
-            self.blocks, self.mask = None, row_mask(member_of_row.to(self.device), S, self.r, self.dtype)
+            self.mask = row_mask(member_of_row.to(self.device), S, self.r, self.dtype)
 
 
 def adapter_name(role: str, member: int) -> str:
@@ -100,6 +112,10 @@ def _routed(mod, peft_forward, routing: MemberRouting):
             a = torch.stack([mod.lora_A[n].weight for n in names]).transpose(1, 2)
             b = torch.stack([mod.lora_B[n].weight for n in names]).transpose(1, 2)
             lora = torch.bmm(torch.bmm(xa.reshape(S, -1, xa.shape[-1]), a), b).reshape(*x.shape[:-1], -1)
+        elif routing.segments is not None:  # member i's rows are the i-th run, of segments[i] rows
+            parts = [F.linear(F.linear(xs, mod.lora_A[n].weight), mod.lora_B[n].weight)
+                     for xs, n in zip(xa.split(routing.segments), names) if xs.shape[0]]
+            lora = torch.cat(parts)
         else:
             a = torch.cat([mod.lora_A[n].weight for n in names])  # (S·r, in)
             b = torch.cat([mod.lora_B[n].weight for n in names], dim=1)  # (out, S·r)
@@ -111,16 +127,16 @@ def _routed(mod, peft_forward, routing: MemberRouting):
 
 @contextmanager
 def member_rows(routing: MemberRouting, role: str, member_of_row: torch.Tensor, n_members: int,
-                r: int, dtype: torch.dtype) -> Iterator[MemberRouting]:
+                r: int, dtype: torch.dtype, segments: bool = False) -> Iterator[MemberRouting]:
     """Route the rows of the forward passes run inside through their members' ``role`` adapters
     (:meth:`MemberRouting.set_rows` may re-route inside: the rollout engine's rows change as rows
-    finish)."""
+    finish). ``segments``: rows that come member by member may take the per-member path."""
     if role == "teacher":
         raise ValueError("the teacher runs without adapters: no member routing")
     prior = routing.state()
     routing.names = [adapter_name(role, i) for i in range(n_members)]
     routing.r, routing.dtype, routing.device = r, dtype, member_of_row.device
-    routing.set_rows(member_of_row)
+    routing.set_rows(member_of_row, segments)
     try:
         yield routing
     finally:

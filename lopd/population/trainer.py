@@ -42,7 +42,7 @@ from lopd.engine.rollout import rollout_batch
 from lopd.engine.sampling import seeds_from_generator
 from lopd.errors import BadInput
 from lopd.faults import kill_point
-from lopd.model.chat import pad_sequences
+from lopd.model.composer import encode_distinct
 from lopd.training.checkpoint import (load_checkpoint, load_trainer_state, prefixed, save_checkpoint,
                                       trainer_state, trainer_tensors)
 from lopd.training.loop import fit as run_loop
@@ -202,17 +202,19 @@ class Population:
             return [tr.context.build(b["tasks"]) for tr, b in zip(trs, batches)]  # no composer pass to batch
         exps = [[tr.context.experiences_for(t) for t in b["tasks"]] for tr, b in zip(trs, batches)]
         flat = [x for e in exps for per_task in e for x in per_task]
-        owner = torch.tensor([i for i, e in enumerate(exps) for per_task in e for _ in per_task], dtype=torch.long)
-        ids, mask = pad_sequences(flat, bb.fmt.pad_id, bb.device)
-        with bb.member_rows("composer", owner, self.n):
-            h = bb.hidden_states(ids, mask, role="composer")
-        ctxs, at = [], 0
+        owner = [i for i, e in enumerate(exps) for per_task in e for _ in per_task]
+        # each member's distinct experiences once, packed by length (lopd.model.composer.encode_distinct);
+        # distinct rows come member by member, as the members' rows do in ``flat``
+        h, mask, inverse = encode_distinct(bb, flat, owner, self.n)
+        ctxs, at, d0 = [], 0, 0
         for tr, b, e in zip(trs, batches, exps):
             n_ret = tr.composer.n_ret(e)
             n = len(e) * n_ret
-            c = tr.composer.compress(h[at:at + n], mask[at:at + n], n_ret, tr.hp.K)
+            inv = inverse[at:at + n]
+            d1 = int(inv.max()) + 1
+            c = tr.composer.compress(h[d0:d1], mask[d0:d1], n_ret, tr.hp.K, inv - d0)
             ctxs.append(tr.context.build(b["tasks"], latents=c))
-            at += n
+            at, d0 = at + n, d1
         return ctxs
 
     def train_step(self) -> list[dict]:

@@ -55,13 +55,41 @@ def distill_kl(text_logp: torch.Tensor, latent_logp: torch.Tensor, mask: torch.T
     return reverse_kl_topm_tail(text_logp.detach(), latent_logp, mask, top_m=top_m, support="student")
 
 
-def _batch(bb, bank: ExperienceBank, task_emb: dict, entries, n_ret: int):
-    """Retrieved experience ids per entry, and the entries' padded ids, attention and policy-token mask."""
+class _Encoded:
+    """What the steps keep re-deriving from the same bank entries, computed once per cold start: each
+    entry's token ids as an experience (what the composer encodes) and as a trajectory (ids and
+    policy-token mask), and each (entry, n_ret)'s nearest neighbours (the same list the bank returns)."""
+
+    def __init__(self, bb, bank: ExperienceBank, task_emb: dict):
+        self.fmt, self.bank, self.task_emb = bb.fmt, bank, task_emb
+        self._exp: dict[int, list[int]] = {}
+        self._traj: dict[int, tuple[list[int], list[int]]] = {}
+        self._near: dict[tuple[int, int], list[int]] = {}
+
+    def nearest(self, i: int, n_ret: int) -> list[int]:
+        if (i, n_ret) not in self._near:
+            e = self.bank.entries[i]
+            self._near[i, n_ret] = self.bank.nearest(e.task_id, self.task_emb[e.task_id], n_ret)
+        return self._near[i, n_ret]
+
+    def experience(self, j: int) -> list[int]:
+        if j not in self._exp:
+            self._exp[j] = self.fmt.experience_ids(self.bank.entries[j].messages)
+        return self._exp[j]
+
+    def trajectory(self, i: int) -> tuple[list[int], list[int]]:
+        if i not in self._traj:
+            self._traj[i] = self.fmt.encode_messages(self.bank.entries[i].messages)
+        return self._traj[i]
+
+
+def _batch(bb, picks: list[int], n_ret: int, enc: _Encoded):
+    """Retrieved experience ids per picked entry (indices into the bank), and the entries' padded ids,
+    attention and policy-token mask."""
     exps, seqs, masks = [], [], []
-    for e in entries:
-        idx = bank.nearest(e.task_id, task_emb[e.task_id], n_ret)
-        exps.append([bb.fmt.experience_ids(bank.entries[j].messages) for j in idx])
-        ids, gm = bb.fmt.encode_messages(e.messages)
+    for i in picks:
+        exps.append([enc.experience(j) for j in enc.nearest(i, n_ret)])
+        ids, gm = enc.trajectory(i)
         seqs.append(ids)
         masks.append(gm)
     ids, attn = pad_sequences(seqs, bb.fmt.pad_id, bb.device)
@@ -105,12 +133,13 @@ def cold_start(bb, bank: ExperienceBank, task_emb: dict, cp, *, k_choices: list[
     opt = torch.optim.AdamW(phi, lr=cp.lr, weight_decay=0.0)
     n_ret_cap = min(cp.n_ret_max, max(1, len(bank) - 1))
     rows = []
+    enc = _Encoded(bb, bank, task_emb)
     bb.model.train()
     for step in range(cp.steps):
         K = rng.choice(k_choices)
         n_ret = rng.randint(1, n_ret_cap)
-        entries = [bank.entries[i] for i in rng.sample(range(len(bank)), min(cp.batch_size, len(bank)))]
-        exps, ids, attn, mask = _batch(bb, bank, task_emb, entries, n_ret)
+        picks = rng.sample(range(len(bank)), min(cp.batch_size, len(bank)))
+        exps, ids, attn, mask = _batch(bb, picks, n_ret, enc)
         loss, row = cold_start_losses(bb, comp, exps, ids, attn, mask, K=K, distill_weight=cp.distill_weight,
                                       top_m=cp.distill_top_m)
         opt.zero_grad(set_to_none=True)
