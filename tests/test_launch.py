@@ -438,9 +438,12 @@ def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     logs = tmp_path / "l2"
     proc = _start_launch(root, logs, cluster)
     ev = _wait_command(logs, "work@b-1", 1, proc)
+    t_sig = time.time()
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, out
+    ends = [e["t"] for e in _events(logs) if e["event"] == "end" and e.get("stage") == "work@b-1"]
+    assert proc.returncode == 130, (f"SIGINT sent at {t_sig:.3f}, work@b-1 ended at {ends} "
+                                    f"(a signal sent after the end says the test was late, not the launch)\n{out}")
     with pytest.raises(ProcessLookupError):
         os.killpg(ev["pid"], 0)
     assert _run_cache_entries(root) == 4, "the interrupted job was stopped before it finished"
@@ -538,6 +541,39 @@ def test_smoke_matrix_on_a_local_ray_cluster(tmp_path):
 
 
 # ----------------------------------------------------------------------------- plan and bad input (no Ray)
+
+def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver(tmp_path, monkeypatch):
+    """The SIGINT handler sets ``INTERRUPTED`` as well as raising; the driver's loop looks at the flag after
+    every wait, so a KeyboardInterrupt lost inside Ray's C++ core (a fresh-clone make test saw a launch run
+    to the end after its SIGINT) still stops it. Planted fault: the loop's ``raise_if_interrupted()``
+    removed; the loop then waits on forever and the fake's budget fails it ("did not stop")."""
+    import types
+
+    import lopd.launch.driver as driver
+
+    waits = []
+
+    def wait(refs, num_returns=1, timeout=None):
+        waits.append(timeout)
+        assert timeout is not None, "the driver waits without a timeout: it would never look at the flag"
+        assert len(waits) < 50, "the driver did not stop on INTERRUPTED"
+        if len(waits) == 3:
+            driver.INTERRUPTED.set()  # as the handler does; its KeyboardInterrupt is taken to be dropped
+        return [], list(refs)  # the job never finishes
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(wait=wait))
+    monkeypatch.setattr(driver, "main_cache_dir", lambda root: str(tmp_path / "cache"))
+    plan = _plan([_job("work")], launch=[])
+    drv = driver.Driver(plan, types.SimpleNamespace(), tmp_path, tmp_path / "wt", tmp_path, remote=None, commit="x")
+    drv.running = {"ref-0": ("work", 1, None)}
+    driver.INTERRUPTED.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            drv.run()
+    finally:
+        driver.INTERRUPTED.clear()
+    assert len(waits) == 3 and waits[0] == driver.WAIT_S
+
 
 def test_plan_of_the_toy_pipeline(tmp_path):
     from lopd.launch.plan import read_plan

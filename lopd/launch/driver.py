@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,18 @@ from lopd.launch.plan import Plan, ready_stages
 from lopd.launch.worktree import main_cache_dir, prepare_worktree, read_locks, remove_worktree
 
 CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
+WAIT_S = 1.0  # the driver's longest wait between two looks at INTERRUPTED
+
+# Set by lopd launch's SIGINT/SIGTERM handler (:func:`lopd.launch.main.main`), which also raises
+# KeyboardInterrupt. The flag is what makes an interrupt stick: a KeyboardInterrupt raised while the main
+# thread runs Python code called back from Ray's C++ core can be dropped there (a fresh-clone make test
+# saw a launch run to the end after its SIGINT), so the driver looks at the flag after every wait.
+INTERRUPTED = threading.Event()
+
+
+def raise_if_interrupted() -> None:
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 class Driver:
@@ -43,8 +56,10 @@ class Driver:
                 main_busy = main_busy or self.plan.jobs[name].in_main
             if not self.running:
                 break  # the rest waits on failed stages
-            [ref], _ = ray.wait(list(self.running), num_returns=1)
-            self._collect(ref)
+            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=WAIT_S)
+            raise_if_interrupted()
+            if ready:
+                self._collect(ready[0])
         self.blocked = sorted(pending)
 
     def _submit(self, name: str, attempt: int) -> None:

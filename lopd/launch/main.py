@@ -40,7 +40,7 @@ from pathlib import Path
 
 from lopd.errors import BadInput
 from lopd.utils import atomic_write_text
-from lopd.launch.driver import Driver, resources_for
+from lopd.launch.driver import INTERRUPTED, Driver, raise_if_interrupted, resources_for
 from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
 from lopd.launch.plan import Plan, read_plan
 from lopd.launch.worktree import git, remove_stale_worktrees, remove_worktree
@@ -97,6 +97,7 @@ def launch(params, root: str | Path = ".", address: str | None = None, num_cpus:
             summary.update(done={k: _brief(v) for k, v in drv.done.items()},
                            failed={k: _brief(v) for k, v in drv.failed.items()}, blocked=drv.blocked)
         summary["jobs_s"] = round(time.time() - t0, 1)
+        raise_if_interrupted()  # an interrupt the jobs' loop did not see still stops the launch before the fan-in
         if not summary.get("failed") and not summary.get("blocked"):
             summary["fan_in"] = fan_in(root, targets or [], log_dir)
             for out in (drv.done.values() if drv and not lp.keep_worktrees else ()):
@@ -253,10 +254,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="submit jobs larger than the cluster's current total (an autoscaling cluster grows)")
     a = p.parse_args(argv)
 
-    def on_term(signum, frame):  # noqa: ARG001 - a batch system's SIGTERM stops the jobs cleanly too
+    def on_signal(signum, frame):  # noqa: ARG001 - Ctrl-C, or a batch system's SIGTERM: stop the jobs cleanly
+        INTERRUPTED.set()  # the driver re-raises from this flag if the KeyboardInterrupt is dropped
         raise KeyboardInterrupt
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    INTERRUPTED.clear()
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    old_int = signal.signal(signal.SIGINT, on_signal)
     try:
         summary = launch(load_launch_params(a.params), ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
                          targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
@@ -269,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
     return _report(summary)
 
 
