@@ -154,10 +154,15 @@ TOY_SCRIPTS = {
         pathlib.Path("note.md").write_text("best: " + pathlib.Path("search/best.txt").read_text() + "\\n")
     """,
     "work.py": """
-        import json, pathlib, sys, time, yaml
+        import json, os, pathlib, sys, time, yaml
         arm, seed = sys.argv[1], int(sys.argv[2])
         p = yaml.safe_load(open("params.yaml"))["work"]
         time.sleep(p["sleep"])
+        # a test that interrupts this job holds it here while the file LOPD_TOY_HOLD names exists (at most
+        # 120 s): its interrupt then lands while the job runs, however late a loaded machine delivers it
+        hold, t0 = os.environ.get("LOPD_TOY_HOLD"), time.time()
+        while hold and os.path.exists(hold) and time.time() - t0 < 120:
+            time.sleep(0.1)
         best = int(pathlib.Path("search/best.txt").read_text())
         value = (p[arm] * 10 + seed) * (best + 1)
         pathlib.Path("out").mkdir(exist_ok=True)
@@ -320,8 +325,8 @@ def test_toy_pipeline_fans_out_and_back_in(tmp_path):
 # ----------------------------------------------------------------------------- failures and resume
 
 class Cluster:
-    def __init__(self, address: str, marks: Path):
-        self.address, self.marks = address, marks
+    def __init__(self, address: str, marks: Path, hold: Path):
+        self.address, self.marks, self.hold = address, marks, hold  # hold: the toy's work jobs wait while it exists
 
 
 def _free_port() -> int:
@@ -343,7 +348,8 @@ def cluster(tmp_path_factory):
         out = open(d / f"ray-{port}.log", "w")
         proc = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
                                  "--num-gpus=4", "--include-dashboard=false", "--disable-usage-stats"],
-                                env=_env(marks), stdout=out, stderr=subprocess.STDOUT)
+                                env={**_env(marks), "LOPD_TOY_HOLD": str(d / "hold")}, stdout=out,
+                                stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and \
                 "Ray runtime started" not in (d / f"ray-{port}.log").read_text():
@@ -354,7 +360,7 @@ def cluster(tmp_path_factory):
         proc.wait(60)
     else:
         pytest.fail(f"ray start failed 3 times; see {d}")
-    yield Cluster(f"127.0.0.1:{port}", marks)
+    yield Cluster(f"127.0.0.1:{port}", marks, d / "hold")
     proc.terminate()  # --block: Ray stops the processes it started
     try:
         proc.wait(60)
@@ -436,6 +442,7 @@ def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
 
     # 2. interrupting lopd launch stops its running jobs (exit 130, the job's process group is gone)
     logs = tmp_path / "l2"
+    cluster.hold.write_text("")  # the job cannot finish before the interrupt reaches it (its test is what follows)
     proc = _start_launch(root, logs, cluster)
     ev = _wait_command(logs, "work@b-1", 1, proc)
     t_sig = time.time()
@@ -447,6 +454,7 @@ def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     with pytest.raises(ProcessLookupError):
         os.killpg(ev["pid"], 0)
     assert _run_cache_entries(root) == 4, "the interrupted job was stopped before it finished"
+    cluster.hold.unlink()
 
     # 3. starting again resumes: only the unfinished stage and its downstream run; the rest is
     #    restored from the run-cache; the fan-in runs nothing
