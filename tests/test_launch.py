@@ -10,6 +10,7 @@ that appends each Python process's argv and cwd to a marker file (independent of
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -451,9 +452,11 @@ def test_toy_killed_job_interrupt_resume_and_one_arm_change(tmp_path, cluster):
     ends = [e["t"] for e in _events(logs) if e["event"] == "end" and e.get("stage") == "work@b-1"]
     assert proc.returncode == 130, (f"SIGINT sent at {t_sig:.3f}, work@b-1 ended at {ends} "
                                     f"(a signal sent after the end says the test was late, not the launch)\n{out}")
+    t_exit = time.time()
     with pytest.raises(ProcessLookupError):
-        os.killpg(ev["pid"], 0)
+        os.killpg(ev["pid"], 0)  # its group is gone once lopd launch has returned
     assert _run_cache_entries(root) == 4, "the interrupted job was stopped before it finished"
+    assert t_exit - t_sig < 30, f"the interrupt took {t_exit - t_sig:.1f} s to stop the launch (Ray's cancel missed?)"
     cluster.hold.unlink()
 
     # 3. starting again resumes: only the unfinished stage and its downstream run; the rest is
@@ -581,6 +584,33 @@ def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver
     finally:
         driver.INTERRUPTED.clear()
     assert len(waits) == 3 and waits[0] == driver.WAIT_S
+
+
+def test_an_interrupted_launch_stops_a_local_job_its_cancel_did_not_reach(tmp_path):
+    """A job group of this host that Ray's cancel did not stop gets SIGTERM after ``TERM_AFTER_S``, not a
+    wait of ``CANCEL_WAIT_S`` and a SIGKILL. Planted fault: the SIGTERM step removed; the call then takes
+    the whole ``wait_s`` (10 s here) and this test fails on its time."""
+    import socket
+    import threading
+
+    from lopd.launch.driver import TERM_AFTER_S, stop_local_groups
+
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a job group its cancel missed
+    threading.Thread(target=job.wait, daemon=True).start()  # its parent reaps it, as the Ray worker would
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"t": 0, "event": "running", "host": socket.gethostname(), "stage": "work",
+                                  "attempt": 1, "pid": job.pid}) + "\n")
+    t0 = time.monotonic()
+    try:
+        stop_local_groups(events, wait_s=10)
+        took = time.monotonic() - t0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(job.pid, 0)
+    assert job.returncode == -signal.SIGTERM, job.returncode
+    assert TERM_AFTER_S <= took < TERM_AFTER_S + 3, took
 
 
 def test_plan_of_the_toy_pipeline(tmp_path):

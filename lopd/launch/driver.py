@@ -17,6 +17,8 @@ from lopd.launch.worktree import main_cache_dir, prepare_worktree, read_locks, r
 
 CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
 WAIT_S = 1.0  # the driver's longest wait between two looks at INTERRUPTED
+TERM_AFTER_S = 2.0  # an interrupted launch SIGTERMs a local job's group that its cancel has not stopped by then
+KILL_WAIT_S = 5.0  # after SIGKILL, how long it waits for the groups to be gone
 
 # Set by lopd launch's SIGINT/SIGTERM handler (:func:`lopd.launch.main.main`), which also raises
 # KeyboardInterrupt. The flag is what makes an interrupt stick: a KeyboardInterrupt raised while the main
@@ -120,9 +122,10 @@ class Driver:
         refs = list(self.running)
         for ref in refs:
             ray.cancel(ref)
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        # this host's jobs first: their groups are stopped from here too if a cancel does not reach them
         stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
+        if refs:  # then the other hosts' jobs, which only Ray's cancel reaches
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
 
 
 def resources_for(resources: dict, kind: str):
@@ -161,11 +164,23 @@ def _live_local_groups(events_file: Path) -> list[int]:
 
 
 def stop_local_groups(events_file: Path, wait_s: float) -> None:
-    """Return only once every job command this host started is gone: a cancelled job's watchdog stops
-    its group within its grace period; one still alive after ``wait_s`` is SIGKILLed."""
-    deadline = time.monotonic() + wait_s
-    while (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
+    """Return only once every job command this host started is gone. Ray's cancel is asked first (the job
+    stops its group itself); a group still alive after ``TERM_AFTER_S`` gets SIGTERM from here (its watchdog
+    then stops the whole group within its grace period), because a cancel can fail to reach a running task
+    (a fresh-clone make test saw a job outlive its cancel); one still alive after ``wait_s`` is SIGKILLed,
+    and the call waits up to ``KILL_WAIT_S`` more for the kernel to finish it."""
+    t0 = time.monotonic()
+    termed: set[int] = set()
+    while (alive := _live_local_groups(events_file)) and time.monotonic() - t0 < wait_s:
+        if time.monotonic() - t0 >= TERM_AFTER_S:
+            for pgid in set(alive) - termed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGTERM)
+                termed.add(pgid)
         time.sleep(0.2)
     for pgid in alive:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while alive and (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
+        time.sleep(0.1)
