@@ -21,9 +21,9 @@ TERM_AFTER_S = 2.0  # an interrupted launch SIGTERMs a local job's group that it
 KILL_WAIT_S = 5.0  # after SIGKILL, how long it waits for the groups to be gone
 
 # Set by lopd launch's SIGINT/SIGTERM handler (:func:`lopd.launch.main.main`), which also raises
-# KeyboardInterrupt. The flag is what makes an interrupt stick: a KeyboardInterrupt raised while the main
-# thread runs Python code called back from Ray's C++ core can be dropped there (a fresh-clone make test
-# saw a launch run to the end after its SIGINT), so the driver looks at the flag after every wait.
+# KeyboardInterrupt. The flag makes an interrupt stick even if that KeyboardInterrupt is lost (raised in
+# Python code that Ray's C++ core calls back, it may be dropped there; a fresh-clone make test once saw a
+# launch run to the end after its SIGINT, cause unproven), so the driver looks at it after every wait.
 INTERRUPTED = threading.Event()
 
 
