@@ -555,8 +555,8 @@ def test_smoke_matrix_on_a_local_ray_cluster(tmp_path):
 
 def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver(tmp_path, monkeypatch):
     """The SIGINT handler sets ``INTERRUPTED`` as well as raising; the driver's loop looks at the flag after
-    every wait, so a KeyboardInterrupt lost inside Ray's C++ core (a fresh-clone make test saw a launch run
-    to the end after its SIGINT) still stops it. Planted fault: the loop's ``raise_if_interrupted()``
+    every wait, so a KeyboardInterrupt that never reaches it (one fresh-clone make test saw a launch run to
+    the end after its SIGINT; the cause is unproven) still stops it. Planted fault: the loop's ``raise_if_interrupted()``
     removed; the loop then waits on forever and the fake's budget fails it ("did not stop")."""
     import types
 
@@ -588,8 +588,8 @@ def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver
 
 def test_an_interrupted_launch_stops_a_local_job_its_cancel_did_not_reach(tmp_path):
     """A job group of this host that Ray's cancel did not stop gets SIGTERM after ``TERM_AFTER_S``, not a
-    wait of ``CANCEL_WAIT_S`` and a SIGKILL. Planted fault: the SIGTERM step removed; the call then takes
-    the whole ``wait_s`` (10 s here) and this test fails on its time."""
+    wait of ``CANCEL_WAIT_S`` and a SIGKILL. Planted fault: the SIGTERM step removed; the group is then
+    SIGKILLed after the whole ``wait_s`` (10 s here), and this test fails ("-9 == -15")."""
     import socket
     import threading
 
