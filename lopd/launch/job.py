@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from lopd.launch.watchdog import stop_group
+from lopd.launch.watchdog import stop_group, wait_group_gone
 
 STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
 POLL_S = 0.2
@@ -102,6 +102,7 @@ def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) ->
     try:
         while proc.poll() is None:  # not proc.wait(): Ray's cancel raises between bytecodes, not in waitpid
             time.sleep(POLL_S)
+        wait_group_gone(proc.pid)  # the job's end event then means its group is gone (lopd.launch.driver)
         return proc.returncode
     except BaseException:
         stop_group(proc.pid, proc, STOP_GRACE_S)

@@ -39,6 +39,18 @@ def stop_group(pgid: int, proc: subprocess.Popen, grace_s: float = GRACE_S) -> N
     proc.wait()
 
 
+def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """Wait (at most ``timeout_s``) until no process of group ``pgid`` is left: after its leader exits, the
+    members it SIGKILLed can still be dying, and a job's end must not be reported before its group is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
 def _stop_own_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the watchdog outlives the SIGTERM it sends to its group
