@@ -298,11 +298,11 @@ def seed_variance(evals, table: dict) -> list[dict]:
     return rows
 
 
-def rule_power(fal: dict, alpha: float, power: float) -> dict:
-    """For each pre-registered test: power of the one-sided t-test at the observed effect, the minimum
-    detectable effect and the seeds needed (:func:`power_mod.seeds_needed`); for the whole claim, its power at the
-    observed effects (:func:`power_mod.joint_power` with the contrasts' covariance over the seeds all tests share)
-    and the smallest n reaching ``power``."""
+def rule_variance(fal: dict, alpha: float, power: float) -> dict:
+    """For each pre-registered test: the sd of its per-seed contrast and the minimum detectable effect
+    (:func:`power_mod.min_detectable_diff`: the smallest true effect the one-sided t-test at ``alpha`` detects
+    with ``power`` at this n and this sd). No power at the observed estimate: that is the p-value restated
+    (observed power), so it is not reported; the design's power at its planned effect is in falsification.md."""
     rows = []
     for r in fal["tests"]:
         if r["n"] < 2:
@@ -310,18 +310,8 @@ def rule_power(fal: dict, alpha: float, power: float) -> dict:
             continue
         sd = float(np.std(r["contrast"], ddof=1))
         rows.append({"name": r["name"], "n": r["n"], "diff": r["diff"], "sd": sd,
-                     "power": power_mod.t_test_power(r["diff"], sd, r["n"], alpha=alpha) if sd > 0 else math.nan,
-                     "mdd": power_mod.min_detectable_diff(sd, r["n"], alpha=alpha, power=power),
-                     "needed": power_mod.seeds_needed(r["diff"], sd, alpha=alpha, power=power)})
-    out = {"tests": rows, "joint": None, "joint_needed": None}
-    seeds = [set(r.get("seeds", [])) for r in fal["tests"]]
-    common = sorted(set.intersection(*seeds)) if seeds else []
-    if len(common) >= 3:
-        m = np.array([[r["contrast"][r["seeds"].index(s)] for r in fal["tests"]] for s in common])
-        mu, cov = m.mean(axis=0), np.cov(m, rowvar=False)
-        out["joint"] = power_mod.joint_power(mu, cov, len(common), alpha=alpha)
-        out["joint_needed"] = power_mod.joint_seeds_needed(mu, cov, alpha=alpha, power=power)
-    return out
+                     "mdd": power_mod.min_detectable_diff(sd, r["n"], alpha=alpha, power=power)})
+    return {"tests": rows}
 
 
 def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, power: float) -> None:
@@ -342,19 +332,12 @@ def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, pow
     md.append(md_table(["arm", "n seeds", "seed std", "K", "eval-noise sd (K)", "eval share (K)",
                         "eval-noise sd (1 sample, predicted)", "eval share (1 sample, predicted)"], table) if table else
               "MISSING: no evaluation results.")
-    md += ["", "## Power of the pre-registered tests", "",
-           f"One-sided paired t-test at α = {alpha} (the test the verdict runs), at the observed estimate and the "
-           f"std of the per-seed contrast. Seeds needed: the smallest n with {power:.0%} power at which the exact "
-           "sign-flip robustness check can also reject (1/2^n < α).", ""]
-    md.append(md_table(["test", "n seeds", "estimate", "sd (per seed)", "power at estimate", f"MDD ({power:.0%})",
-                        "seeds needed"],
-                       [[t["name"], str(t["n"]), *([f"{t['diff']:+.4f}", fmt(t["sd"], 4), fmt(t["power"], 2),
-                         fmt(t["mdd"], 4), "none ≤ 1000" if t["needed"] is None else str(t["needed"])]
-                         if "sd" in t else ["n/a"] * 5)] for t in pw["tests"]]))
-    if pw["joint"] is None:
-        md += ["", "Power of the whole claim: not computed (fewer than 3 seeds shared by every test)."]
-    else:
-        need = "no n ≤ 100" if pw["joint_needed"] is None else f"{pw['joint_needed']} seeds"
-        md += ["", f"Power of the whole claim (every test rejects) at the observed effects and covariance, by "
-                   f"simulation: {fmt(pw['joint'], 2)}; {power:.0%} power needs {need}."]
+    md += ["", "## Spread of the pre-registered tests' contrasts", "",
+           f"Per test of the rule: the sd over seeds of its per-seed contrast, and the minimum detectable effect "
+           f"(MDD): the smallest true effect the one-sided paired t-test at α = {alpha} detects with {power:.0%} "
+           "power at this n and this sd. No power at the observed estimate is given: it restates the p-value "
+           "(observed power). The design's power at its planned effect is in falsification.md.", ""]
+    md.append(md_table(["test", "n seeds", "estimate", "sd (per seed)", f"MDD ({power:.0%})"],
+                       [[t["name"], str(t["n"]), *([f"{t['diff']:+.4f}", fmt(t["sd"], 4), fmt(t["mdd"], 4)]
+                         if "sd" in t else ["n/a"] * 3)] for t in pw["tests"]]))
     write_text(out / "seed_variance.md", "\n".join(md))

@@ -125,12 +125,15 @@ def first_crossing(grid: np.ndarray, curves: np.ndarray, target: np.ndarray) -> 
     return x
 
 
-def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE) -> dict:
+def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE, *,
+               min_bootstrap_seeds: int) -> dict:
     """Ratio = (rollouts lopd's mean validation curve needs to first reach GRPO's final validation reward,
     the mean over GRPO seeds of each seed's last value) / (GRPO's mean total rollouts), with a percentile
     bootstrap CI at ``confidence`` resampling the seeds of both arms (``n_boot`` resamples,
     ``default_rng(0)``; :func:`lopd.analysis.stats.percentile_interval`, outer order statistics: a
-    resample that never reaches the target has ratio +inf)."""
+    resample that never reaches the target has ratio +inf). The CI only where both arms have at least
+    ``min_bootstrap_seeds`` seeds (:func:`lopd.analysis.stats.bootstrap_allowed`); else ``ci`` is (None, None)
+    and ``ci_note`` says why."""
     info: dict[str, Any] = {"ratio": None, "ci": (None, None), "missing": [], "reached": False}
     lopd, grpo = runs.get("lopd", {}), runs.get("grpo", {})
     info["missing"] = [a for a, d in (("lopd", lopd), ("grpo", grpo)) if not d]
@@ -147,15 +150,19 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE)
     Y = np.array([np.where(np.isfinite(r), r, r[np.isfinite(r)][-1]) if np.isfinite(r).any() else r for r in agg["Y"]])
     grid = agg["x"]
     x_point = first_crossing(grid, np.nanmean(Y, axis=0)[None, :], np.array([target]))[0]
+    point = {"target": target, "grpo_total": total, "x": float(x_point), "reached": bool(np.isfinite(x_point)),
+             "ratio": float(x_point / total) if np.isfinite(x_point) else None, "n_lopd": Y.shape[0],
+             "n_grpo": int(finals.size), "lopd_max_rollouts": float(grid[-1])}
+    if not st.bootstrap_allowed(min(Y.shape[0], finals.size), min_bootstrap_seeds):
+        return info | point | {"frac_reached": None, "ci_note": (
+            f"no CI: lopd has {Y.shape[0]} and grpo {finals.size} seeds, and a percentile bootstrap is reported "
+            f"only from {min_bootstrap_seeds} seeds per arm (report.min_bootstrap_seeds)")}
     rng = np.random.default_rng(0)
     il = rng.integers(0, Y.shape[0], size=(n_boot, Y.shape[0]))
     ig = rng.integers(0, finals.size, size=(n_boot, finals.size))
     rb = np.sort(first_crossing(grid, np.nanmean(Y[il], axis=1), finals[ig].mean(axis=1)) / total)
     lo, hi = st.percentile_interval(rb, confidence, outer_order_statistics=True)
-    return info | {"target": target, "grpo_total": total, "x": float(x_point), "reached": bool(np.isfinite(x_point)),
-                   "ratio": float(x_point / total) if np.isfinite(x_point) else None, "ci": (lo, hi),
-                   "frac_reached": float(np.mean(np.isfinite(rb))), "n_lopd": Y.shape[0], "n_grpo": int(finals.size),
-                   "lopd_max_rollouts": float(grid[-1])}
+    return info | point | {"ci": (lo, hi), "frac_reached": float(np.mean(np.isfinite(rb)))}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -241,6 +248,9 @@ def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE
                   "point: its final validation reward is at or below the validation reward every arm starts from "
                   "(step 0, before any rollout), so 'rollouts needed to reach it' is zero for any method. This data "
                   "cannot test the paper's efficiency claim; it says GRPO did not learn within this budget.")
+    elif eff["reached"] and eff.get("ci_note"):
+        md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts); {eff['ci_note']}.",
+               "", f"The < {PAPER_EFFICIENCY_CLAIM:.0%} claim is NOT established by this data (no interval)."]
     elif eff["reached"]:
         ok = hi is not None and math.isfinite(hi) and hi < PAPER_EFFICIENCY_CLAIM
         md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts), {confidence:.0%} CI "
@@ -250,6 +260,7 @@ def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE
     else:
         md.append("**Ratio: not reached.** The mean lopd validation curve never reaches GRPO's final validation "
                   f"reward within the {eff['lopd_max_rollouts']:.0f} rollouts it used. This is a finding: the "
-                  f"< {PAPER_EFFICIENCY_CLAIM:.0%} claim is not supported here. (Bootstrap: reached in "
-                  f"{eff['frac_reached']:.0%} of resamples; CI [{r(lo)}, {r(hi)}].)")
+                  f"< {PAPER_EFFICIENCY_CLAIM:.0%} claim is not supported here. " + (
+                      f"({eff['ci_note']}.)" if eff.get("ci_note") else
+                      f"(Bootstrap: reached in {eff['frac_reached']:.0%} of resamples; CI [{r(lo)}, {r(hi)}].)"))
     return "\n".join(md)

@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from lopd.analysis import stats as st
-from lopd.analysis.render import fmt, fmt_p, md_table
+from lopd.analysis.render import CONDITIONAL, fmt, fmt_p, md_table
 
 CLAIM_SENTENCE = "Retrieved content drives a gain"
 NO_CLAIM_SENTENCE = "No claim that retrieved content drives a gain"
@@ -103,13 +103,12 @@ def decide(values: Mapping[str, np.ndarray], rule: Rule) -> dict:
     return {"reject": reject, "robust": robust, **_combine(rule, reject, robust)}
 
 
-def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]], task_contrast=None, n_boot: int = 5000) -> dict:
+def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]]) -> dict:
     """The rule on the report's data: ``by_seed[arm][seed]`` = mean test reward. Each test uses the seeds
-    shared by its arms. ``task_contrast(weights, seeds)`` (optional) returns (((seeds × tasks) per-task
-    contrast, strata), None) or (None, reason) for the hierarchical bootstrap CI.
+    shared by its arms.
 
     Returns ``tests`` (one dict per test: n, diff, t, df, p, lower (one-sided 1−α bound), ci95 (two-sided
-    t), boot95, p_exact, reject, robust, missing), ``verdict`` (:func:`_combine` as plain bools) and
+    t), p_exact, reject, robust, missing), ``verdict`` (:func:`_combine` as plain bools) and
     ``design`` (the smallest n and whether the exact test can reject with it)."""
     rows = []
     for spec in rule.tests():
@@ -125,11 +124,6 @@ def analyse(rule: Rule, by_seed: Mapping[str, Mapping[int, float]], task_contras
             row.update(diff=one["diff"], t=one["t"], df=one["df"], p=one["p"], lower=one["ci_low"],
                        ci95=(two["ci_low"], two["ci_high"]), p_exact=p_exact, contrast=c, seeds=seeds,
                        reject=bool(one["p"] < rule.alpha), robust=bool(p_exact < rule.alpha))
-            boot, note = (None, "no per-task rewards") if task_contrast is None else task_contrast(spec.weights, seeds)
-            if boot is not None:
-                row["boot95"] = st.hierarchical_bootstrap_ci(boot[0], strata=boot[1], n_boot=n_boot)[1:]
-            else:
-                row["boot_note"] = note
         rows.append(row)
     combined = _combine(rule, {r["name"]: np.bool_(r["reject"]) for r in rows},
                         {r["name"]: np.bool_(r["robust"]) for r in rows})
@@ -196,8 +190,8 @@ def _structure(rule: Rule) -> list[str]:
             "its members); the claim needs both parts.",
             "- Decisive test: paired t-test on per-seed mean test reward (seed = unit of replication). "
             "Robustness check: exact one-sided sign-flip test on the same per-seed contrasts (reported; it does "
-            "not change the verdict). CIs: one-sided (1 − α) t bound (matches the test), two-sided 95% t, and a "
-            "95% hierarchical bootstrap (seeds, then tasks within seed paired across arms)."]
+            "not change the verdict). CIs: one-sided (1 − α) t bound (matches the test) and two-sided 95% t.",
+            f"- {CONDITIONAL}"]
 
 
 def _premise_lines(premise: dict) -> list[str]:
@@ -214,13 +208,13 @@ def _test_table(analysis: dict) -> str:
     for r in analysis["tests"]:
         if not r["n"]:
             why = "missing: " + ", ".join(r["missing"]) if r["missing"] else "no shared seeds"
-            rows.append([PARTS[r["part"]], r["name"], "0", why, *["—"] * 6, "no"])
+            rows.append([PARTS[r["part"]], r["name"], "0", why, *["—"] * 5, "no"])
             continue
         rows.append([PARTS[r["part"]], r["name"], str(r["n"]), f"{r['diff']:+.4f}", f"{fmt(r['t'], 2)} ({r['df']})",
-                     fmt_p(r["p"]), fmt(r["lower"], 4), ci(r["ci95"]), ci(r.get("boot95")), fmt_p(r["p_exact"]),
+                     fmt_p(r["p"]), fmt(r["lower"], 4), ci(r["ci95"]), fmt_p(r["p_exact"]),
                      "yes" if r["reject"] else "no"])
     return md_table(["part", "test", "n seeds", "estimate", "t (df)", "p (t)", "lower bound (1−α)", "95% t-CI",
-                     "95% hier. bootstrap", "p (sign-flip, exact)", "rejects"], rows)
+                     "p (sign-flip, exact)", "rejects"], rows)
 
 
 def _verdict_lines(rule: Rule, analysis: dict) -> list[str]:

@@ -176,19 +176,3 @@ def load_task_table(evals) -> tuple[dict, list[str]]:
                 continue
             table.setdefault(arm, {})[seed] = samples
     return table, problems
-
-
-def task_contrast_fn(table: dict):
-    """``f(weights, seeds)`` → (((seeds × tasks) array of Σ_a w_a·(mean reward of a on the task), domain per
-    task), None) on the tasks every (arm, seed) evaluated, or (None, why not)."""
-    def f(weights: dict[str, float], seeds: list[int]):
-        missing = [f"{a}-{s}" for a in weights for s in seeds if s not in table.get(a, {})]
-        if missing:
-            return None, "no usable per-task rewards for " + ", ".join(missing[:4]) + ("…" if len(missing) > 4 else "")
-        means = {(a, s): task_means(table[a][s]) for a in weights for s in seeds}
-        tasks = sorted(set.intersection(*(set(m) for m in means.values())))
-        if not tasks:
-            return None, "no task evaluated by every arm and seed"
-        c = np.array([[sum(w * means[(a, s)][t][1] for a, w in weights.items()) for t in tasks] for s in seeds])
-        return (c, [means[(next(iter(weights)), seeds[0])][t][0] for t in tasks]), None
-    return f

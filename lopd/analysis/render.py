@@ -53,3 +53,9 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 def tex_escape(s: str) -> str:
     return (s.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("%", r"\%")
             .replace("&", r"\&").replace("#", r"\#"))
+
+
+# what every interval over seeds covers, and what it does not (the tasks are not resampled)
+CONDITIONAL = ("Inference is over seeds (each with its own bank and cold-start draw and its own rollouts), "
+               "conditional on these test tasks and their worlds: the tasks are crossed with the seeds (every "
+               "seed is evaluated on the same tasks) and nested in the worlds, and no interval here resamples them.")

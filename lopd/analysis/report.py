@@ -23,7 +23,7 @@ from lopd.analysis import audits, dynamics, figures, plotdata, hpo_report, table
 from lopd.analysis.calibration import NULLS, design_rates
 from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_not_run, load_premise, load_runs, load_task_table,
-                                   task_contrast_fn, values)
+                                   values)
 from lopd.analysis.render import write_text
 from lopd.arms import ARMS
 from lopd.errors import BadInput
@@ -36,8 +36,9 @@ OPTIONAL_FILES = ("hpo/trials.csv", "hpo/margin_paths.csv", "hpo/best_params.yam
 INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, design check, tests, verdict"),
          ("main_table.md", "test reward per domain and mean, mean ± t 95% CI over seeds (markdown)"),
          ("main_table.tex", "the same table for LaTeX"),
-         ("comparisons.md", "lopd vs each arm (exploratory): paired t, CIs, sign-flip, Holm, P(improvement)"),
-         ("seed_variance.md", "seed spread, evaluation-noise share, power and seeds needed for the rule's tests"),
+         ("comparisons.md", "lopd vs each arm (exploratory): paired t, t-CI, sign-flip, Holm, paired P(improvement)"),
+         ("seed_variance.md", "seed spread, evaluation-noise share, and the sd and smallest detectable effect of the "
+                              "rule's per-seed contrasts"),
          ("margin_dynamics.md", "per-run flags: β unbounded, infeasible margin, Δ never reaching m"),
          ("efficiency.md", "rollouts lopd needs to reach GRPO's final validation reward / GRPO's rollouts"),
          ("leakage_audit.md", "which stage depends on / read which split; split SHA-256; content overlap"),
@@ -113,14 +114,14 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
                           "n_min": fal["design"]["n_min"],
                           "tests": {r["name"]: {k: r.get(k) for k in ("n", "diff", "t", "p", "lower", "p_exact",
                                                                        "reject", "robust")} for r in fal["tests"]},
-                          "seeds_needed": {t["name"]: t.get("needed") for t in pw["tests"]},
-                          "joint_power": pw["joint"], "joint_seeds_needed": pw["joint_needed"],
+                          "contrast_sd": {t["name"]: t.get("sd") for t in pw["tests"]},
+                          "mdd": {t["name"]: t.get("mdd") for t in pw["tests"]},
                           "margin_contrasts": {f"{r['a']} - {r['b']}": {k: r.get(k) for k in ("n", "diff", "ci95", "p",
                                                                                               "p_exact", "not_run")}
                                                for r in fal.get("margin_contrasts", [])}},
         "lopd_vs": {r["arm"]: {"n": r["n"], "diff": r["diff"], "ci95": list(r["ci95"]), "p": r["p"],
-                               "p_holm": r["p_holm"], "p_exact": r["p_exact"], "p_improve": r["p_improve"],
-                               "boot95": list(r["boot95"]) if r["boot95"] else None} for r in cmp["rows"]},
+                               "p_holm": r["p_holm"], "p_exact": r["p_exact"], "p_improve": r["p_improve"]}
+                    for r in cmp["rows"]},
         "bold_columns": {t["col"]: t["best"] for t in mt["tests"] if t["bold"]},
         "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,
         "efficiency_ci": list(eff.get("ci", (None, None))),
@@ -144,13 +145,12 @@ def build_report(params, root: Path = Path(".")) -> dict:
     missing = _missing_inputs(root, runs, evals, not_run)
     rule, premise = Rule.from_params(rp), load_premise(root)
     table, task_problems = load_task_table(evals)
-    task_contrast = task_contrast_fn(table)
 
     mt = tables.main_table(params, evals)
     tables.write_main_table(out, params, evals, mt)
-    cmp = tables.comparisons(params, evals, rule.treatment, task_contrast)
+    cmp = tables.comparisons(params, evals, rule.treatment)
     tables.write_comparisons(out, params, cmp)
-    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()}, task_contrast, rp.n_boot)
+    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()})
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
     fal["margin_contrasts"] = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms},
                                                     not_run)
@@ -166,14 +166,14 @@ def build_report(params, root: Path = Path(".")) -> dict:
     plot_rows = plotdata.write_plot_data(out, root, runs)
     mdyn = dynamics.margin_dynamics(runs)
     write_text(out / "margin_dynamics.md", dynamics.render_margin_dynamics(mdyn))
-    eff = dynamics.efficiency(runs, rp.n_boot)
+    eff = dynamics.efficiency(runs, rp.n_boot, min_bootstrap_seeds=rp.min_bootstrap_seeds)
     write_text(out / "efficiency.md", dynamics.render_efficiency(eff, rp.n_boot))
     figures.margin_dynamics_png(out, mdyn["m"])
     figures.efficiency_png(out, eff)
     figures.learning_curves_png(out)
     figures.sensitivity_png(out, plotdata.selected_point(root))
 
-    pw = audits.rule_power(fal, rp.alpha, rp.design.power)
+    pw = audits.rule_variance(fal, rp.alpha, rp.design.power)
     audits.write_seed_variance(out, audits.seed_variance(evals, table), pw, rp.alpha, rp.design.power)
     lk = audits.leakage(root, runs, [rule.treatment, *rule.content_controls])
     audits.write_leakage(out, lk)
@@ -182,7 +182,7 @@ def build_report(params, root: Path = Path(".")) -> dict:
     if missing:
         readme += ["", "## Missing inputs", ""] + [f"- {m}" for m in missing]
     if task_problems:
-        readme += ["", "## Per-task rewards not used (hierarchical bootstrap, evaluation noise)", ""]
+        readme += ["", "## Per-task rewards not used (evaluation noise)", ""]
         readme += [f"- {p}" for p in task_problems]
     readme += ["", "Plot data rows: " + ", ".join(f"{k} {v}" for k, v in plot_rows.items()) + "."]
     write_text(out / "README.md", "\n".join(readme))

@@ -3,13 +3,14 @@
 The training seed is the unit of replication; test tasks (and evaluation samples) sit inside a seed.
 An arm contributes one value per seed (its mean test reward), or a (seeds × tasks) array.
 
-* one arm: :func:`summarize` (mean, Student-t interval, interquartile mean);
+* one arm: :func:`summarize` (mean, Student-t interval);
 * two arms paired by seed: :func:`t_test` / :func:`paired_t` (primary, ``scipy.stats.ttest_1samp``)
   and :func:`sign_flip_p` (exact sign-flip test, the robustness check), both vectorised over
   leading axes so that many simulated experiments are tested at once;
-* effect sizes: :func:`hierarchical_bootstrap_ci` (seeds, then tasks within seed, paired across arms);
-* families: :func:`holm`; unpaired: :func:`prob_improvement`;
-* bootstrap intervals: :func:`percentile_interval` (the one percentile rule every bootstrap here uses);
+* families: :func:`holm`; paired by seed: :func:`prob_improvement`;
+* bootstrap intervals: :func:`percentile_interval` (the one percentile rule every bootstrap here uses), only
+  from ``report.min_bootstrap_seeds`` seeds per arm (:func:`bootstrap_allowed`). No interval resamples the
+  test tasks: the inference is conditional on them (they are crossed with the seeds and nested in worlds);
 * design (power, seeds needed): :mod:`lopd.analysis.power`;
 * evaluation noise: :func:`eval_noise_share`.
 
@@ -32,7 +33,7 @@ MC_SIGN_FLIPS = 100_000
 #: Flipped sums within this fraction of sum|d| of the observed sum count as ties (float rounding).
 TIE_RTOL = 1e-9
 ALTERNATIVES = ("two-sided", "greater", "less")
-#: Level of the report's descriptive intervals (the falsification table's ``boot95``, the efficiency CI);
+#: Level of the report's descriptive intervals (the two-sided t-CIs, the efficiency CI);
 #: the pre-registered tests use ``report.alpha`` instead.
 DESCRIPTIVE_CONFIDENCE = 0.95
 
@@ -83,10 +84,10 @@ def _paired(a, b) -> np.ndarray:
 
 # --------------------------------------------------------------------------- one arm
 def summarize(x: Sequence[float], *, confidence: float = 0.95) -> dict:
-    """One arm's per-seed values: ``n``, ``mean``, ``std`` (ddof=1), the Student-t interval
-    ``mean ± t_{(1+c)/2, n-1}·std/√n`` (``ci_low``, ``ci_high``, ``ci_half``) and ``iqm``
-    (``scipy.stats.trim_mean(x, 0.25)``: the mean after cutting ⌊n/4⌋ values from each end).
-    n = 1: std and interval are nan; constant input: a zero-width interval."""
+    """One arm's per-seed values: ``n``, ``mean``, ``std`` (ddof=1) and the Student-t interval
+    ``mean ± t_{(1+c)/2, n-1}·std/√n`` (``ci_low``, ``ci_high``, ``ci_half``). n = 1: std and interval are
+    nan; constant input: a zero-width interval. (No interquartile mean: over ten per-seed means it trims to
+    about five numbers and has no interval here.)"""
     arr = as_1d(x, "x")
     confidence = check_prob(confidence, "confidence")
     n, mean = arr.size, float(np.mean(arr))
@@ -96,8 +97,7 @@ def summarize(x: Sequence[float], *, confidence: float = 0.95) -> dict:
         lo = hi = mean
         if std > 0:
             lo, hi = (float(v) for v in stats.t.interval(confidence, n - 1, loc=mean, scale=std / math.sqrt(n)))
-    return {"n": int(n), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi, "ci_half": (hi - lo) / 2.0,
-            "iqm": float(stats.trim_mean(arr, 0.25))}
+    return {"n": int(n), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi, "ci_half": (hi - lo) / 2.0}
 
 
 # --------------------------------------------------------------------------- paired tests
@@ -213,45 +213,6 @@ def min_sign_flip_p(n: int, *, alternative: str = "greater", n_mc: int = MC_SIGN
 
 
 # --------------------------------------------------------------------------- effect sizes
-def hierarchical_bootstrap_ci(contrast, *, strata=None, n_boot: int = 5000, confidence: float = 0.95,
-                              seed: int = 0) -> tuple[float, float, float]:
-    """Percentile CI of θ = mean over seeds of the per-seed mean of ``contrast`` (seeds × tasks).
-
-    ``contrast[s, t]`` is a per-task contrast of arms on seed s (e.g. lopd − control, tasks paired
-    across arms); with ``strata`` (a label per task, e.g. its domain) the per-seed value is the mean
-    of the stratum means. Each resample draws n seeds with replacement, then, inside every drawn seed,
-    the tasks of each stratum with replacement (one draw shared by all arms, because the contrast is
-    taken per task first). Returns (θ, low, high); nan bounds for a single seed."""
-    c = _as_array(contrast, "contrast")
-    if c.ndim != 2:
-        raise ValueError(f"contrast must be (seeds × tasks), got shape {c.shape}")
-    confidence = check_prob(confidence, "confidence")
-    if int(n_boot) != n_boot or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive integer, got {n_boot}")
-    labels = (np.zeros(c.shape[1], dtype=int) if strata is None
-              else np.unique(np.asarray(strata), return_inverse=True)[1])
-    if labels.shape != (c.shape[1],):
-        raise ValueError(f"strata needs one label per task ({c.shape[1]}), got {len(labels)}")
-    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
-    theta = float(np.mean([c[:, g].mean(axis=1) for g in groups], axis=0).mean())
-    n_seeds = c.shape[0]
-    if n_seeds < 2:
-        return theta, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    boots = np.empty(int(n_boot))
-    chunk = max(1, 4_000_000 // (n_seeds * c.shape[1]))
-    for start in range(0, int(n_boot), chunk):
-        b = min(chunk, int(n_boot) - start)
-        srows = rng.integers(0, n_seeds, size=(b, n_seeds))
-        per_seed = np.zeros((b, n_seeds))
-        for g in groups:
-            cols = g[rng.integers(0, g.size, size=(b, n_seeds, g.size))]
-            per_seed += c[srows[:, :, None], cols].mean(axis=2) / len(groups)
-        boots[start:start + b] = per_seed.mean(axis=1)
-    lo, hi = percentile_interval(boots, confidence)
-    return theta, lo, hi
-
-
 def percentile_interval(boots, confidence: float, *, outer_order_statistics: bool = False) -> tuple[float, float]:
     """Percentile bootstrap interval at level c of the B resampled statistics ``boots``: their
     q_lo = (1 − c)/2 and q_hi = (1 + c)/2 quantiles.
@@ -282,14 +243,19 @@ def holm(pvals: Sequence[float]) -> list[float]:
     return [float(v) for v in adj]
 
 
-def prob_improvement(a: Sequence[float], b: Sequence[float]) -> float:
-    """P(X_a > X_b) + ½·P(X_a = X_b), X_a and X_b drawn independently from the samples (all pairs, no
-    pairing by seed): the Mann–Whitney U statistic of ``a`` over len(a)·len(b). 0.5 = no difference."""
-    aa, bb = as_1d(a, "a"), as_1d(b, "b")
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # only U is used; the p-value machinery warns on tiny samples
-        u = stats.mannwhitneyu(aa, bb, alternative="two-sided", method="asymptotic").statistic
-    return float(u) / (aa.size * bb.size)
+def bootstrap_allowed(n_seeds: int, min_seeds: int) -> bool:
+    """Whether a percentile bootstrap over ``n_seeds`` seeds may be reported (``report.min_bootstrap_seeds``):
+    with few seeds the resamples take few distinct values (3 seeds: 10 multisets) and the percentile interval
+    is far too narrow, so below ``min_seeds`` only t-intervals are reported."""
+    return n_seeds >= min_seeds
+
+
+def prob_improvement(a, b) -> float:
+    """Paired probability of improvement over shared seeds: (1/n) Σ_s ( [a_s > b_s] + ½·[a_s = b_s] ), with
+    ``a[s]`` and ``b[s]`` the two arms' values on the same seed s (the same draws, the same rollout seeds:
+    the design is paired, so the arms are compared seed by seed, not over all n² pairs). 0.5 = no difference."""
+    d = _paired(a, b)
+    return float(np.mean((d > 0) + 0.5 * (d == 0)))
 
 
 # --------------------------------------------------------------------------- evaluation noise

@@ -66,7 +66,9 @@ class ReportParams(Section):
     """Tables, figures, audits and the verdict under reports/."""
 
     alpha: float = Field(gt=0, lt=1, description="significance level of the rule's one-sided paired t-tests")
-    n_boot: int = Field(ge=100, description="hierarchical-bootstrap and efficiency-CI resamples")
+    n_boot: int = Field(ge=100, description="efficiency-CI bootstrap resamples")
+    min_bootstrap_seeds: int = Field(ge=2, description="fewest seeds per arm for which a percentile bootstrap "
+                                     "interval is reported; below, t-intervals only")
     rule: RuleParams = Field(description="the pre-registered falsification rule, rendered before any number")
     design: DesignParams = Field(description="what the seed count is sized for (tests/test_calibration.py "
                                              "simulates it)")
