@@ -684,7 +684,13 @@ def test_efficiency_ratio_interpolates_the_mean_lopd_curve():
     assert lo == pytest.approx(4 / 33) and hi == math.inf
     md = render_efficiency(eff, 200)
     assert "**Ratio: 0.242** (27 / 110 rollouts), 95% CI [0.121, not reached]" in md
-    assert "The < 30% claim is NOT established by this data" in md
+    assert "The < 30% claim is NOT established by this data" in md and "Counting the bank" not in md
+    # the bank's 55 base rollouts counted: (80/3 + 55) / 110, the interval shifted by 55/110
+    banked = efficiency({"grpo": GRPO_RUNS, "lopd": lopd}, 200, min_bootstrap_seeds=2, bank_rollouts=55)
+    assert banked["ratio"] == eff["ratio"] and banked["ratio_with_bank"] == pytest.approx((80 / 3 + 55) / 110)
+    assert banked["ci_with_bank"][0] == pytest.approx(4 / 33 + 0.5) and banked["ci_with_bank"][1] == math.inf
+    assert "**Counting the bank: 0.742**, 95% CI [0.621, not reached] ((27 + 55) / 110 rollouts)" in \
+        render_efficiency(banked, 200)
 
 
 def test_efficiency_not_reached_is_reported_as_such():
@@ -750,3 +756,33 @@ def test_margin_contrasts_by_hand():
     md = "\n".join(render_margin_contrasts([ramp, fix, binding]))
     assert "| lopd − lopd_ramp | 4 | 0.1000 |" in md and "lopd_fixbeta has no seeds" in md
     assert "lopd_binding not run: no trial binds" in md
+
+
+def test_pilot_design_sizes_the_confirmatory_run_at_the_registered_effect_not_the_observed_one():
+    """Two rule tests over 6 shared seeds. The covariance is inflated by (n − 1)/χ²_{0.2, n−1} (the 80% upper
+    bound of a variance); every mean is set to the registered effect, so shifting the observed contrasts by a
+    constant (a larger observed effect) changes nothing; the seeds needed are the smallest n with 80% power."""
+    from lopd.analysis import power as power_mod
+    from lopd.analysis.audits import pilot_design
+
+    a = np.array([0.05, 0.01, 0.04, 0.08, 0.02, 0.06])
+    b = np.array([0.03, 0.00, 0.05, 0.06, 0.01, 0.07])
+
+    def fal(shift):
+        return {"tests": [{"name": "x", "n": 6, "seeds": list(range(6)), "contrast": a + shift},
+                          {"name": "y", "n": 6, "seeds": list(range(6)), "contrast": b + shift}]}
+
+    pd = pilot_design(fal(0.0), 0.03, 0.05, 0.8, 10, 0.8)
+    factor = 5 / stats.chi2.ppf(0.2, 5)
+    assert pd["factor"] == pytest.approx(factor) and pd["n"] == 6
+    assert pd["sd"] == pytest.approx([a.std(ddof=1), b.std(ddof=1)])
+    assert pd["sd_upper"] == pytest.approx([a.std(ddof=1) * factor**0.5, b.std(ddof=1) * factor**0.5])
+    cov = np.cov(np.stack([a, b]), rowvar=True) * factor
+    assert pd["power_at_design"] == pytest.approx(power_mod.joint_power([0.03, 0.03], cov, 10))
+    n = pd["seeds_needed"]
+    assert power_mod.joint_power([0.03, 0.03], cov, n, n_sim=2000) >= 0.8 > power_mod.joint_power(
+        [0.03, 0.03], cov, n - 1, n_sim=2000)
+    shifted = pilot_design(fal(1.0), 0.03, 0.05, 0.8, 10, 0.8)
+    assert shifted["power_at_design"] == pd["power_at_design"] and shifted["seeds_needed"] == n
+    assert "why" in pilot_design({"tests": [{"name": "x", "n": 2, "seeds": [0, 1], "contrast": a[:2]}]},
+                                 0.03, 0.05, 0.8, 10, 0.8)

@@ -314,7 +314,53 @@ def rule_variance(fal: dict, alpha: float, power: float) -> dict:
     return {"tests": rows}
 
 
-def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, power: float) -> None:
+def pilot_design(fal: dict, effect: float, alpha: float, power: float, n_design: int, upper: float) -> dict:
+    """This run as the pilot of a confirmatory one: the seeds the rule needs at the registered effect.
+
+    The per-seed contrasts of every test of the rule on the seeds all tests share (n of them) give the
+    covariance Σ̂ (k × k). It is inflated to its one-sided ``upper`` confidence bound as a variance,
+    Σ_u = Σ̂ · (n − 1) / χ²_{1−upper, n−1} (correlations kept), because a pilot's variance is itself noisy
+    and the design must not rest on its luck. With every contrast's mean at the registered ``effect``
+    (not the observed one: that would be observed power), :func:`power_mod.joint_power` gives the power of the
+    whole rule (every test rejects) at ``n_design`` seeds, and :func:`power_mod.joint_seeds_needed` the
+    smallest n reaching ``power``. Fewer than 3 shared seeds: ``why``."""
+    from scipy import stats
+
+    rows = [r for r in fal["tests"] if r["n"] >= 2]
+    common = sorted(set.intersection(*(set(r["seeds"]) for r in rows))) if rows and len(rows) == len(fal["tests"]) else []
+    if len(common) < 3:
+        return {"why": "fewer than 3 seeds shared by every test of the rule"}
+    m = np.array([[r["contrast"][r["seeds"].index(s)] for r in rows] for s in common])
+    n = len(common)
+    cov = np.atleast_2d(np.cov(m, rowvar=False))
+    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    mean = np.full(len(rows), float(effect))
+    return {"n": n, "tests": [r["name"] for r in rows], "sd": [float(v) for v in np.sqrt(np.diag(cov))],
+            "sd_upper": [float(v) for v in np.sqrt(np.diag(cov) * factor)], "factor": factor, "effect": float(effect),
+            "upper": upper, "n_design": n_design,
+            "power_at_design": power_mod.joint_power(mean, cov * factor, n_design, alpha=alpha),
+            "power_at_design_pilot_cov": power_mod.joint_power(mean, cov, n_design, alpha=alpha),
+            "seeds_needed": power_mod.joint_seeds_needed(mean, cov * factor, alpha=alpha, power=power)}
+
+
+def pilot_design_lines(pd: dict, alpha: float, power: float) -> list[str]:
+    md = ["", "## Seeds a confirmatory run needs, with this run as its pilot", ""]
+    if "why" in pd:
+        return md + [f"Not computed: {pd['why']}."]
+    need = f"no n ≤ 100 reaches {power:.0%}" if pd["seeds_needed"] is None else f"**{pd['seeds_needed']} seeds**"
+    md += [f"The rule's per-seed contrasts on the {pd['n']} seeds every test shares give their covariance; it is "
+           f"inflated to its {pd['upper']:.0%} upper confidence bound (variances × {pd['factor']:.2f}, correlations "
+           f"kept), and every contrast's mean is set to the registered effect {pd['effect']:g} "
+           "(report.design.effect), not to the observed estimate. Power of the whole rule (every test rejects, "
+           f"one-sided t at α = {alpha}), by simulation: {pd['power_at_design']:.2f} with {pd['n_design']} seeds "
+           f"({pd['power_at_design_pilot_cov']:.2f} with the covariance as observed); {power:.0%} power needs {need}.",
+           "", md_table(["test", "sd (per seed)", f"sd at its {pd['upper']:.0%} upper bound"],
+                        [[t, fmt(s, 4), fmt(u, 4)] for t, s, u in zip(pd["tests"], pd["sd"], pd["sd_upper"])])]
+    return md
+
+
+def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, power: float,
+                        pilot: dict | None = None) -> None:
     md = ["# Seed variance, evaluation noise and power", "",
           "## Seed-to-seed spread and its evaluation-noise share", "",
           "Per arm: std over seeds of the mean test reward. With K ≥ 2 samples per test task, the evaluation "
@@ -340,4 +386,6 @@ def write_seed_variance(out: Path, rows: list[dict], pw: dict, alpha: float, pow
     md.append(md_table(["test", "n seeds", "estimate", "sd (per seed)", f"MDD ({power:.0%})"],
                        [[t["name"], str(t["n"]), *([f"{t['diff']:+.4f}", fmt(t["sd"], 4), fmt(t["mdd"], 4)]
                          if "sd" in t else ["n/a"] * 3)] for t in pw["tests"]]))
+    if pilot is not None:
+        md += pilot_design_lines(pilot, alpha, power)
     write_text(out / "seed_variance.md", "\n".join(md))

@@ -126,14 +126,16 @@ def first_crossing(grid: np.ndarray, curves: np.ndarray, target: np.ndarray) -> 
 
 
 def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE, *,
-               min_bootstrap_seeds: int) -> dict:
+               min_bootstrap_seeds: int, bank_rollouts: int = 0) -> dict:
     """Ratio = (rollouts lopd's mean validation curve needs to first reach GRPO's final validation reward,
     the mean over GRPO seeds of each seed's last value) / (GRPO's mean total rollouts), with a percentile
     bootstrap CI at ``confidence`` resampling the seeds of both arms (``n_boot`` resamples,
     ``default_rng(0)``; :func:`lopd.analysis.stats.percentile_interval`, outer order statistics: a
     resample that never reaches the target has ratio +inf). The CI only where both arms have at least
     ``min_bootstrap_seeds`` seeds (:func:`lopd.analysis.stats.bootstrap_allowed`); else ``ci`` is (None, None)
-    and ``ci_note`` says why."""
+    and ``ci_note`` says why. ``bank_rollouts``: the base-policy rollouts that built the experience bank LOPD
+    retrieves from (GRPO needs none); ``ratio_with_bank`` = (lopd's rollouts + the bank's) / GRPO's, and
+    ``ci_with_bank`` its interval (the same resamples, shifted by bank_rollouts / GRPO's total)."""
     info: dict[str, Any] = {"ratio": None, "ci": (None, None), "missing": [], "reached": False}
     lopd, grpo = runs.get("lopd", {}), runs.get("grpo", {})
     info["missing"] = [a for a, d in (("lopd", lopd), ("grpo", grpo)) if not d]
@@ -152,7 +154,8 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
     x_point = first_crossing(grid, np.nanmean(Y, axis=0)[None, :], np.array([target]))[0]
     point = {"target": target, "grpo_total": total, "x": float(x_point), "reached": bool(np.isfinite(x_point)),
              "ratio": float(x_point / total) if np.isfinite(x_point) else None, "n_lopd": Y.shape[0],
-             "n_grpo": int(finals.size), "lopd_max_rollouts": float(grid[-1])}
+             "n_grpo": int(finals.size), "lopd_max_rollouts": float(grid[-1]), "bank_rollouts": int(bank_rollouts),
+             "ratio_with_bank": float((x_point + bank_rollouts) / total) if np.isfinite(x_point) else None}
     if not st.bootstrap_allowed(min(Y.shape[0], finals.size), min_bootstrap_seeds):
         return info | point | {"frac_reached": None, "ci_note": (
             f"no CI: lopd has {Y.shape[0]} and grpo {finals.size} seeds, and a percentile bootstrap is reported "
@@ -162,7 +165,9 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
     ig = rng.integers(0, finals.size, size=(n_boot, finals.size))
     rb = np.sort(first_crossing(grid, np.nanmean(Y[il], axis=1), finals[ig].mean(axis=1)) / total)
     lo, hi = st.percentile_interval(rb, confidence, outer_order_statistics=True)
-    return info | point | {"ci": (lo, hi), "frac_reached": float(np.mean(np.isfinite(rb)))}
+    shift = bank_rollouts / total
+    return info | point | {"ci": (lo, hi), "ci_with_bank": (lo + shift, hi + shift),
+                           "frac_reached": float(np.mean(np.isfinite(rb)))}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -226,6 +231,20 @@ def _constraint_summary(rows: list[dict]) -> list[str]:
     return lines or ["- (no margin-active runs)"]
 
 
+def _with_bank(eff: dict, confidence: float | None) -> list[str]:
+    """The ratio counting the experience bank's base rollouts too (LOPD retrieves from it; GRPO needs none)."""
+    if not eff.get("bank_rollouts") or eff.get("ratio_with_bank") is None:
+        return []
+    lo, hi = eff.get("ci_with_bank", (None, None))
+    ci = "" if confidence is None or lo is None else f", {confidence:.0%} CI [{lo:.3f}, " + (
+        "not reached]" if not math.isfinite(hi) else f"{hi:.3f}]")
+    return ["", f"**Counting the bank: {eff['ratio_with_bank']:.3f}**{ci} (({eff['x']:.0f} + {eff['bank_rollouts']}) / "
+                f"{eff['grpo_total']:.0f} rollouts): the experience bank LOPD retrieves from took "
+                f"{eff['bank_rollouts']} base-policy rollouts on train (train tasks × bank.rollouts_per_task; each "
+                "seed's bank draw as many), which GRPO does not need. The ratio above leaves them out; it is "
+                "measured on val, the split the search selected on."]
+
+
 def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE) -> str:
     def r(v):
         return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
@@ -251,12 +270,14 @@ def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE
     elif eff["reached"] and eff.get("ci_note"):
         md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts); {eff['ci_note']}.",
                "", f"The < {PAPER_EFFICIENCY_CLAIM:.0%} claim is NOT established by this data (no interval)."]
+        md += _with_bank(eff, None)
     elif eff["reached"]:
         ok = hi is not None and math.isfinite(hi) and hi < PAPER_EFFICIENCY_CLAIM
         md += [f"**Ratio: {eff['ratio']:.3f}** ({eff['x']:.0f} / {eff['grpo_total']:.0f} rollouts), {confidence:.0%} CI "
                f"[{r(lo)}, {r(hi)}]; the target was reached in {eff['frac_reached']:.0%} of bootstrap resamples.", "",
                f"The < {PAPER_EFFICIENCY_CLAIM:.0%} claim is {'consistent with' if ok else 'NOT established by'} this "
                f"data (the upper CI bound must be below {PAPER_EFFICIENCY_CLAIM:.2f})."]
+        md += _with_bank(eff, confidence)
     else:
         md.append("**Ratio: not reached.** The mean lopd validation curve never reaches GRPO's final validation "
                   f"reward within the {eff['lopd_max_rollouts']:.0f} rollouts it used. This is a finding: the "

@@ -116,6 +116,7 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
                                                                        "reject", "robust")} for r in fal["tests"]},
                           "contrast_sd": {t["name"]: t.get("sd") for t in pw["tests"]},
                           "mdd": {t["name"]: t.get("mdd") for t in pw["tests"]},
+                          "pilot_design": pw.get("pilot"),
                           "margin_contrasts": {f"{r['a']} - {r['b']}": {k: r.get(k) for k in ("n", "diff", "ci95", "p",
                                                                                               "p_exact", "not_run")}
                                                for r in fal.get("margin_contrasts", [])}},
@@ -125,6 +126,7 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
         "bold_columns": {t["col"]: t["best"] for t in mt["tests"] if t["bold"]},
         "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,
         "efficiency_ci": list(eff.get("ci", (None, None))),
+        "efficiency_ratio_with_bank": eff.get("ratio_with_bank"),
         "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in runs.values() for r in a.values()),
         "margin_flagged_runs": sum(1 for r in mdyn["rows"] if r["active"] and r["flags"]),
         "leakage_clean": bool(lk["clean"]), "leakage_violations": len(lk["violations"]),
@@ -166,7 +168,8 @@ def build_report(params, root: Path = Path(".")) -> dict:
     plot_rows = plotdata.write_plot_data(out, root, runs)
     mdyn = dynamics.margin_dynamics(runs)
     write_text(out / "margin_dynamics.md", dynamics.render_margin_dynamics(mdyn))
-    eff = dynamics.efficiency(runs, rp.n_boot, min_bootstrap_seeds=rp.min_bootstrap_seeds)
+    bank_rollouts = params.envs.n_train * len(params.envs.domains) * params.bank.rollouts_per_task
+    eff = dynamics.efficiency(runs, rp.n_boot, min_bootstrap_seeds=rp.min_bootstrap_seeds, bank_rollouts=bank_rollouts)
     write_text(out / "efficiency.md", dynamics.render_efficiency(eff, rp.n_boot))
     figures.margin_dynamics_png(out, mdyn["m"])
     figures.efficiency_png(out, eff)
@@ -174,7 +177,9 @@ def build_report(params, root: Path = Path(".")) -> dict:
     figures.sensitivity_png(out, plotdata.selected_point(root))
 
     pw = audits.rule_variance(fal, rp.alpha, rp.design.power)
-    audits.write_seed_variance(out, audits.seed_variance(evals, table), pw, rp.alpha, rp.design.power)
+    pw["pilot"] = audits.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
+                                      rp.design.pilot_upper)
+    audits.write_seed_variance(out, audits.seed_variance(evals, table), pw, rp.alpha, rp.design.power, pw["pilot"])
     lk = audits.leakage(root, runs, [rule.treatment, *rule.content_controls])
     audits.write_leakage(out, lk)
 

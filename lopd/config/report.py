@@ -51,6 +51,10 @@ class DesignParams(Section):
     task_reward_low: float = Field(ge=0, le=1, description="per-task success probabilities ~ U(low, high): low")
     task_reward_high: float = Field(ge=0, le=1, description="per-task success probabilities ~ U(low, high): high")
     power: float = Field(gt=0, lt=1, description="the power the design must reach")
+    pilot_upper: float = Field(gt=0, lt=1, description=(
+        "sizing a confirmatory run from this run as a pilot: the rule's per-seed contrast covariance is inflated "
+        "to this one-sided upper confidence bound of a variance before the power at the registered effect is "
+        "simulated (reports/seed_variance.md)"))
     n_sim: int = Field(ge=50, description="simulated experiments per design-power figure (report and "
                                           "calibration tests)")
 
