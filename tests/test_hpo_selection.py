@@ -17,7 +17,7 @@ from optuna.trial import TrialState, create_trial
 from lopd.analysis.hpo_report import render_search, search_metrics
 from lopd.errors import RunFailed
 from lopd.hpo.study import write_outputs
-from lopd.hpo.selection import TrialScore, paired, select
+from lopd.hpo.selection import TrialScore, confirm_candidates, paired, paired_by_seed, select, select_by_seed
 from tests.conftest import default_params
 
 SPACE = {"margin": [0.0, 0.05, 0.2, 0.5], "K": [4, 8], "n_ret": [1, 2, 3], "lr_student": [0.001, 0.002]}
@@ -103,7 +103,8 @@ def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path)
                    (TrialState.COMPLETE, 0.2, same), (TrialState.COMPLETE, 0.05, same))
     best = write_outputs(study, tmp_path, _params("median_margin"))
     assert best == {"margin": 0.05, "K": 8, "n_ret": 2, "lr_student": 0.002, "value": 0.5, "trial": 3,
-                    "tie_count": 3, "tie_rule": "median_margin", "selected_on": "val", "binding": None,
+                    "tie_count": 3, "tie_rule": "median_margin", "tie_unit": "task", "value_seeds": 2,
+                    "selected_on": "val", "binding": None,
                     "binding_reason": "no completed trial's margin binds in at least 50% of its seeds; the smallest "
                                       "positive m tried is 0.05"}  # these trials recorded no margin path
     assert yaml.safe_load((tmp_path / "best_params.yaml").read_text()) == best
@@ -242,3 +243,73 @@ def test_an_arm_without_a_point_is_recorded_not_run_and_reads_no_test_task(works
     assert selected_hparams(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding")) == {
         "margin": 0.01, "K": 8, "n_ret": 1, "lr_student": 0.002}
     assert not_run_reason(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding")) is None
+
+
+# --------------------------------------------------------------------------- ties by seed (hpo.confirm_top)
+def test_paired_by_seed_by_hand():
+    """Per-seed differences (.1, 0, .1, .2): mean .1, sd .081650, t_{0.975,3} = 3.182446, half-width
+    3.182446 · .081650 / 2 = .129923: [-.0299, .2299] holds 0: tied. Equal seeds only: the point."""
+    r = paired_by_seed([0.5, 0.6, 0.7, 0.8], [0.4, 0.6, 0.6, 0.6], 0.05)
+    assert r["diff"] == pytest.approx(0.1) and r["n_seeds"] == 4 and r["tied"]
+    assert r["low"] == pytest.approx(0.1 - 0.129923, abs=1e-5) and r["high"] == pytest.approx(0.1 + 0.129923, abs=1e-5)
+    assert paired_by_seed([0.5], [0.4], 0.05)["tied"] is False and paired_by_seed([0.5], [0.5], 0.05)["tied"]
+    with pytest.raises(ValueError, match="the same seeds"):
+        paired_by_seed([0.5, 0.6], [0.5], 0.05)
+
+
+def _seeded(n, margin, task_base, seed_effects):
+    """A trial whose per-seed per-task rewards are task_base[t] + seed_effects[s]: no effect of its point."""
+    per_seed = [[b + e for b in task_base] for e in seed_effects]
+    search = per_seed[:2]  # the search's two seeds
+    per_task = tuple(sum(x) / len(x) for x in zip(*search))
+    return (TrialScore(n, C, {"margin": margin, "K": 8, "n_ret": 2, "lr_student": 0.002},
+                       sum(per_task) / len(per_task), per_task), [sum(r) / len(r) for r in per_seed])
+
+
+def test_the_seed_aware_tie_test_ties_two_trials_that_differ_only_by_their_seeds():
+    """Two trials with the same point effect (none) whose runs differ only by seed: trial 0's two search
+    seeds happened to run 0.05 above trial 1's on every task. Paired over 64 val tasks (the search's test)
+    that gap is a constant, far outside its interval: 'distinguishable'. Paired by seed over 6 seeds (the 4
+    confirmation seeds run each way as often), the difference's interval holds 0: tied."""
+    tasks = [0.1 + 0.8 * (t % 9) / 8 + 0.001 * (t % 3) for t in range(64)]
+    a, a_seeds = _seeded(0, 0.05, tasks, [0.03, 0.02, -0.02, 0.01, -0.03, 0.0])
+    b, b_seeds = _seeded(1, 0.2, tasks, [-0.02, -0.03, 0.02, -0.01, 0.03, 0.01])
+    assert not paired(a, b, 0.05)["tied"]  # the search's test calls them different
+    sel = select_by_seed([a, b], {0: a_seeds, 1: b_seeds}, [1000, 1001, 1002, 1003, 1004, 1005], "median_margin",
+                         0.05, SPACE)
+    assert sel["unit"] == "seed" and sel["tie_count"] == 2 and not sel["distinguishable"]
+    assert sel["vs_best"][str(sel["runner_up"]["number"])]["n_seeds"] == 6
+    # a real effect of the point (+0.1 on every seed) stays distinguishable by seed
+    c, c_seeds = _seeded(2, 0.5, [x + 0.1 for x in tasks], [0.03, 0.02, -0.02, 0.01, -0.03, 0.0])
+    sel = select_by_seed([a, b, c], {0: a_seeds, 1: b_seeds, 2: c_seeds}, list(range(6)), "best", 0.05, SPACE)
+    assert sel["selected"] == 2 and sel["distinguishable"] and sel["tied"] == [2]
+    with pytest.raises(ValueError, match="has 5 per-seed rewards for 6 seeds"):
+        select_by_seed([a, b], {0: a_seeds[:5], 1: b_seeds}, list(range(6)), "best", 0.05, SPACE)
+
+
+def test_confirm_candidates_are_the_best_complete_trials():
+    ts = [_t(0, C, 0.0, [0.2]), _t(1, P, 0.0, [0.9]), _t(2, C, 0.0, [0.5]), _t(3, C, 0.0, [0.5]), _t(4, C, 0.0, [0.1])]
+    assert [t.number for t in confirm_candidates(ts, 3)] == [2, 3, 0]
+
+
+def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
+    """The search's best on its 2 seeds (trial 0) falls behind trial 2 over 6 seeds; the selection is trial 2's,
+    the search's own task-paired selection is kept beside it, and the report shows both."""
+    same = [1.0, 0.0, 0.5, 0.5]
+    study = _study((TrialState.COMPLETE, 0.0, [1.0, 1.0, 0.5, 0.5]), (TrialState.COMPLETE, 0.05, same),
+                   (TrialState.COMPLETE, 0.2, same))
+    per_seed = {0: [0.75, 0.75, 0.1, 0.1, 0.1, 0.1], 2: [0.5, 0.5, 0.6, 0.6, 0.6, 0.61]}
+    params = default_params({"hpo": {"margin_choices": SPACE["margin"], "k_choices": [4, 8], "n_ret_min": 1,
+                                     "n_ret_max": 3, "lr_choices": [0.001, 0.002], "tie_rule": "best",
+                                     "seeds_per_trial": 2, "confirm_top": 2, "confirm_seeds": 4}})
+    best = write_outputs(study, tmp_path, params, per_seed)
+    assert best["trial"] == 2 and best["tie_unit"] == "seed" and best["value_seeds"] == 6
+    assert best["value"] == pytest.approx(sum(per_seed[2]) / 6)
+    sel = json.loads((tmp_path / "selection.json").read_text())
+    assert sel["search"]["best"] == 0 and sel["search"]["unit"] == "task" and sel["seeds"] == list(range(1000, 1006))
+    with open(tmp_path / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["confirmed_seeds"] for r in rows] == ["6", "", "6"]
+    md = render_search({"selection": sel, "trials": rows, "baselines": {}}, {})
+    assert "## The best trials on more seeds (ties by seed)" in md and "**the seed as the unit**" in md
+    assert "paired by seed over 6 seeds" in md

@@ -101,6 +101,7 @@ def search_metrics(search: dict | None) -> dict:
         return {}
     sel = search["selection"]
     return {**{k: v for k, v in sel["point"].items()}, "val_reward": sel["value"], "tie_count": sel["tie_count"],
+            "tie_unit": sel.get("unit", "task"),
             "distinguishable_from_runner_up": sel["distinguishable"], "selected_by_tie_rule": sel["by_rule"],
             "on_boundary": sorted(k for k, v in sel["boundary"].items() if v)}
 
@@ -110,7 +111,8 @@ def _verdict(sel: dict) -> list[str]:
     level = f"{100 * (1 - sel['alpha']):.0f}%"
     if ru is None:
         return ["Only one trial completed: nothing to compare it with."]
-    gap = (f"best − runner-up (trial {ru['number']}) = {fmt(ru['diff'], 4)}, paired over val tasks, {level} CI "
+    unit = (f"paired by seed over {len(sel['seeds'])} seeds" if sel.get("unit") == "seed" else "paired over val tasks")
+    gap = (f"best − runner-up (trial {ru['number']}) = {fmt(ru['diff'], 4)}, {unit}, {level} CI "
            f"[{fmt(ru['low'], 4)}, {fmt(ru['high'], 4)}], p = {fmt(ru['p'], 3)}.")
     if sel["distinguishable"]:
         head = "**The best trial is distinguishable from the runner-up**: " + gap
@@ -125,6 +127,25 @@ def _verdict(sel: dict) -> list[str]:
     return [head, "", how, "", bound]
 
 
+def _confirm_section(sel: dict) -> list[str]:
+    """The confirmed trials: each one's mean over every seed, its per-seed values and its difference to the best
+    by seed (the test the selection ties by)."""
+    if sel.get("unit") != "seed":
+        return []
+    level = f"{100 * (1 - sel['alpha']):.0f}%"
+    rows = []
+    for n in sel["confirmed"]:
+        k, vs = str(n), sel["vs_best"].get(str(n))
+        p = sel["per_seed"][k]
+        rows.append([k, fmt(sum(p) / len(p), 4),
+                     ", ".join(fmt(v, 3) for v in p),
+                     "best" if n == sel["best"] else f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]",
+                     "yes" if n in sel["tied"] else "no", "**selected**" if n == sel["selected"] else ""])
+    return ["## The best trials on more seeds (ties by seed)", "",
+            md_table(["trial", f"mean over {len(sel['seeds'])} seeds", f"per seed ({', '.join(map(str, sel['seeds']))})",
+                      f"Δ vs best by seed [{level} CI]", "tied", ""], rows), ""]
+
+
 def render_search(search: dict | None, runs: dict) -> str:
     md = ["# Validation search", ""]
     if search is None:
@@ -134,16 +155,24 @@ def render_search(search: dict | None, runs: dict) -> str:
            f"{RULES.get(sel['rule'], sel['rule'])}. Two trials are *tied* when the paired difference of their per-task "
            f"validation rewards (common random numbers: the same tasks and sampling seeds in every trial) has a "
            f"{100 * (1 - sel['alpha']):.0f}% t-interval holding 0.", ""]
-    md += _verdict(sel) + [""] + _margin_section(search) + ["## Trials", ""]
+    if sel.get("unit") == "seed":
+        md += [f"That task-paired test sees the tasks' noise on a mean over the search's few seeds, and a trial's "
+               f"seed moves its value more. So the search's {len(sel['confirmed'])} best trials were rerun on more "
+               f"seeds, and the selection among them takes **the seed as the unit**: two trials are tied when the "
+               f"difference of their per-seed mean val rewards (the same {len(sel['seeds'])} seeds, "
+               f"{', '.join(map(str, sel['seeds']))}, for both) has a {100 * (1 - sel['alpha']):.0f}% t-interval over "
+               "seeds holding 0. The tie rule chose among those ties.", ""]
+    md += _verdict(sel) + [""] + _confirm_section(sel) + _margin_section(search) + ["## Trials", ""]
     margins = search.get("margins") or {}
     rows = []
+    task_sel = sel.get("search", sel)  # the task-paired comparison of every trial on the search's seeds
     for t in search["trials"]:
         n = str(t.get("number"))
-        vs = sel["vs_best"].get(n)
+        vs = task_sel["vs_best"].get(n)
         lo, hi = num(t.get("ci_low")), num(t.get("ci_high"))
         rows.append([n, t.get("state", ""), fmt(num(t.get("value")), 4),
                      f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if lo is not None and hi is not None else "—",
-                     "best" if n == str(sel["best"]) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
+                     "best" if n == str(task_sel["best"]) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
                                                             if vs else "—"),
                      "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
                      *(str(t.get(k, "")) for k in ("margin", "K", "n_ret", "lr_student")),
@@ -152,6 +181,10 @@ def render_search(search: dict | None, runs: dict) -> str:
                      "**selected**" if n == str(sel["selected"]) else ""])
     md.append(md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", "m", "K", "n_ret",
                         "lr", "constraint (per seed)", "max Δ(φ)", "β end", ""], rows))
+    if sel.get("unit") == "seed":
+        md += ["", "Val reward, 95% CI and Δ vs best: on the search's own seeds, paired over val tasks against the "
+               "search's best trial. *tied*: tied by seed with the best confirmed trial (confirmed trials only: the "
+               "table above)."]
     values = {num(t.get("value")) for t in search["trials"] if t.get("state") == "COMPLETE"}
     if len(values) == 1 and len([t for t in search["trials"] if t.get("state") == "COMPLETE"]) > 1:
         md += ["", "**Every completed trial scored exactly the same validation reward: the search told nothing apart.**"]

@@ -104,8 +104,9 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
     Each validation reports, per trial, the mean over its seeds to Optuna (``trial.report``) and asks
     the pruner. A pruned trial's members keep training (they share the batch), but the trial is told
     PRUNED, with no value or per-task rewards of its own (as a pruned trial alone). Otherwise its value
-    is the mean over its seeds of the final validation on all val tasks and its user attribute
-    ``val_per_task`` the per-task mean over its seeds (what the selection pairs trials by). Every trial,
+    is the mean over its seeds of the final validation on all val tasks, its user attribute
+    ``val_per_task`` the per-task mean over its seeds (what the search's selection pairs trials by) and
+    ``val_per_seed`` each seed's mean (what the seed-aware selection of the confirmed trials pairs by). Every trial,
     pruned or not, keeps ``margin_path``: per seed, its run's β and Δ(φ) by step (what the margin did).
     ``naming`` and ``parent_run_id``: the members' MLflow runs (:func:`~lopd.population.points.train_points`).
     """
@@ -130,5 +131,5 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
             continue
         out.append(Outcome(sum(s.val_reward for s in per_seed) / len(per_seed),
                            attrs={"val_per_task": [sum(x) / len(x) for x in zip(*(s.val_per_task for s in per_seed))],
-                                  **path}))
+                                  "val_per_seed": [s.val_reward for s in per_seed], **path}))
     return out

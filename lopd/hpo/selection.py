@@ -6,6 +6,13 @@ difference of their per-task rewards (each task's mean over samples and the tria
 t-interval over tasks. A trial is *tied with the best* when that paired interval at ``alpha``
 contains 0 (the two-sided paired t-test does not reject).
 
+That test sees one source of noise (the tasks) on a mean over few seeds, and the training seed moves a
+trial's value more than the tasks do. So the search's best trials (``hpo.confirm_top``) are rerun on more
+seeds (``hpo.confirm_seeds``) and the selection among them (:func:`select_by_seed`) takes the **seed as the
+unit**: for two trials trained with the same seeds (and, within a seed, the same tasks and sampling
+seeds), the difference of their per-seed mean val rewards, a t-interval over seeds. Every source of noise
+a final run has (its seed, its rollouts) is then in the interval; the val tasks are fixed.
+
 The tie rule is registered in ``params.yaml`` (``hpo.tie_rule``) before the search runs:
 
 - ``best``: the highest value (lowest trial number among equal values);
@@ -101,7 +108,8 @@ def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> di
     chosen = _pick(tied, rule)
     runner = ranked[1] if len(ranked) > 1 else None
     return {
-        "rule": rule, "alpha": alpha, "best": best.number, "selected": chosen.number, "point": dict(chosen.point),
+        "rule": rule, "alpha": alpha, "unit": "task", "best": best.number, "selected": chosen.number,
+        "point": dict(chosen.point),
         "value": chosen.value, "tied": sorted(t.number for t in tied), "tie_count": len(tied),
         "runner_up": None if runner is None else {"number": runner.number, **vs_best[runner.number]},
         "distinguishable": runner is not None and not vs_best[runner.number]["tied"],
@@ -110,6 +118,69 @@ def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> di
         "intervals": {str(t.number): dict(zip(("mean", "low", "high"), t_interval(np.asarray(t.per_task), alpha)))
                       for t in complete if t.per_task},
     }
+
+
+def paired_by_seed(a: list[float], b: list[float], alpha: float) -> dict:
+    """``a − b`` paired by seed (each a trial's per-seed mean val rewards, the same seeds in the same order):
+    mean difference, its two-sided ``1 − alpha`` t-interval over seeds and p; ``tied`` if the interval holds
+    0. One seed, or no spread in the differences: the interval is the point (tied only at a zero difference)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"per-seed rewards must cover the same seeds ({len(a)} vs {len(b)})")
+    d = np.asarray(a, float) - np.asarray(b, float)
+    if len(d) < 2 or np.all(d == d[0]):
+        m = float(d.mean())
+        return {"diff": m, "low": m, "high": m, "p": 1.0 if m == 0 else 0.0, "tied": m == 0.0, "n_seeds": len(d)}
+    r = paired_t(np.asarray(a, float), np.asarray(b, float), confidence=1 - alpha)
+    lo, hi = float(r["ci_low"]), float(r["ci_high"])
+    return {"diff": float(r["diff"]), "low": lo, "high": hi, "p": float(r["p"]), "tied": bool(lo <= 0.0 <= hi),
+            "n_seeds": len(d)}
+
+
+def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], seeds: list[int], rule: str,
+                   alpha: float, space: dict) -> dict:
+    """The selection among the confirmed trials (``per_seed[number]``: a trial's mean val reward per seed of
+    ``seeds``, the search's seeds and the confirmation's), with the seed as the unit (module docstring): the
+    best is the highest mean over all seeds (lowest number among equal means), a trial is tied with it when
+    :func:`paired_by_seed` holds 0, and ``rule`` chooses among the tied. The same keys as :func:`select`
+    (``value`` is the mean over all seeds), plus ``unit`` = "seed", ``seeds``, ``per_seed`` and
+    ``confirmed`` (the trials rerun, best first)."""
+    if rule not in TIE_RULES:
+        raise ValueError(f"unknown tie rule {rule!r}; known: {', '.join(TIE_RULES)}")
+    by_number = {t.number: t for t in trials}
+    if not per_seed:
+        raise ValueError("no trial was confirmed on more seeds: nothing to select")
+    for n, v in per_seed.items():
+        if n not in by_number or by_number[n].state != "COMPLETE":
+            raise ValueError(f"trial {n} is not a COMPLETE trial of the search")
+        if len(v) != len(seeds):
+            raise ValueError(f"trial {n} has {len(v)} per-seed rewards for {len(seeds)} seeds")
+    mean = {n: float(np.mean(v)) for n, v in per_seed.items()}
+    scored = [TrialScore(n, "COMPLETE", by_number[n].point, mean[n]) for n in per_seed]
+    ranked = sorted(scored, key=lambda t: (-t.value, t.number))
+    best = ranked[0]
+    vs_best = {t.number: paired_by_seed(per_seed[best.number], per_seed[t.number], alpha) for t in ranked[1:]}
+    tied = [best] + [t for t in ranked[1:] if vs_best[t.number]["tied"]]
+    chosen = _pick(tied, rule)
+    runner = ranked[1] if len(ranked) > 1 else None
+    return {
+        "rule": rule, "alpha": alpha, "unit": "seed", "seeds": list(seeds), "best": best.number,
+        "selected": chosen.number, "point": dict(chosen.point), "value": chosen.value,
+        "tied": sorted(t.number for t in tied), "tie_count": len(tied), "confirmed": [t.number for t in ranked],
+        "runner_up": None if runner is None else {"number": runner.number, **vs_best[runner.number]},
+        "distinguishable": runner is not None and not vs_best[runner.number]["tied"],
+        "by_rule": chosen.number != best.number, "boundary": boundary(chosen.point, space),
+        "vs_best": {str(k): v for k, v in sorted(vs_best.items())},
+        "per_seed": {str(n): [float(x) for x in v] for n, v in sorted(per_seed.items())},
+        "intervals": {str(n): dict(zip(("mean", "low", "high"), t_interval(np.asarray(v), alpha)))
+                      for n, v in sorted(per_seed.items())},
+    }
+
+
+def confirm_candidates(trials: list[TrialScore], top: int) -> list[TrialScore]:
+    """The ``top`` COMPLETE trials by value on the search's seeds (lowest number among equal values), the
+    ones rerun on more seeds."""
+    complete = [t for t in trials if t.state == "COMPLETE" and t.value is not None]
+    return sorted(complete, key=lambda t: (-t.value, t.number))[:top]
 
 
 def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min_frac: float,

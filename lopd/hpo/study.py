@@ -34,8 +34,9 @@ import yaml
 
 from lopd.utils import atomic_write_text, write_csv, write_json
 
-TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "tied_with_best", "margin", "K", "n_ret",
-                 "lr_student"]
+TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "confirmed_value", "confirmed_seeds",
+                 "tied_with_best", "margin", "K", "n_ret", "lr_student"]
+CONFIRM_COLUMNS = ["trial", "seed", "source", "val_reward"]
 BASELINE_COLUMNS = ["arm", "knob", "knob_value", "seed", "val_reward"]
 MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
 
@@ -93,7 +94,7 @@ def _space_hash(params) -> str:
     import hashlib
 
     d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "beta_fixed_choices", "tie_rule",
-                                       "tie_alpha"})  # none changes a trial
+                                       "tie_alpha", "confirm_top", "confirm_seeds"})  # none changes a trial
     d["steps"] = horizon(params)
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
@@ -130,7 +131,7 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
         stale = fail_interrupted(study)
         if stale:
             print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
-    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
+    seeds = search_seeds(params)
 
     def suggest(trial) -> dict:
         return {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
@@ -202,6 +203,62 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -
     return chosen
 
 
+def search_seeds(params) -> list[int]:
+    """The training seeds of every search trial."""
+    return [1000 + s for s in range(params.hpo.seeds_per_trial)]
+
+
+def confirm_seeds(params) -> list[int]:
+    """The seeds the confirmed trials are rerun with (after the search's own)."""
+    hp = params.hpo
+    return [1000 + hp.seeds_per_trial + s for s in range(hp.confirm_seeds)]
+
+
+def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None) -> dict[int, list[float]] | None:
+    """The ``hpo.confirm_top`` best COMPLETE trials (:func:`lopd.hpo.selection.confirm_candidates`), each rerun
+    with :func:`confirm_seeds` at the search's horizon, all as one population on val; returns each one's mean
+    val reward per seed of the search's seeds then the confirmation's (``per_seed[number]``, numbered as in
+    ``trials.csv``) and writes ``confirm.csv``. None when ``hpo.confirm_top`` is 0 (``confirm.csv`` has no rows)."""
+    from lopd.errors import RunFailed
+    from lopd.hpo.selection import TrialScore, confirm_candidates
+    from lopd.population.points import train_points
+    from lopd.tracking.names import trial_run
+
+    hp = params.hpo
+    if not hp.confirm_top:
+        write_csv(out_dir / "confirm.csv", [], CONFIRM_COLUMNS)
+        return None
+    done = finished_trials(study)
+    scores = [TrialScore(i, t.state.name, dict(t.params), t.value) for i, t in enumerate(done)]
+    top = confirm_candidates(scores, hp.confirm_top)
+    if not top:
+        raise RunFailed("the search finished no COMPLETE trial: nothing to confirm")
+    first = {}
+    for t in top:
+        got = done[t.number].user_attrs.get("val_per_seed")
+        if got is None or len(got) != hp.seeds_per_trial:
+            raise RunFailed(f"search trial {t.number} holds no per-seed val rewards (a journal of an older search?): "
+                            f"delete {out_dir / 'journal.log'} to rerun the search")
+        first[t.number] = [float(v) for v in got]
+    seeds = confirm_seeds(params)
+    more = {t.number: [] for t in top}
+    if seeds:
+        def naming(p: int, seed: int) -> tuple[dict, str]:
+            return ({"stage": "hpo-confirm", "trial": top[p].number, "split": "val"},
+                    trial_run(top[p].number, top[p].point, seed))
+
+        runs = train_points(params, res, "lopd", [t.point for t in top], seeds, steps=horizon(params),
+                            val_every=hp.val_every, naming=naming,
+                            parent_run_id=parent_tracker.run_id if parent_tracker else None,
+                            label=f"confirm {len(top)} trials")
+        more = {t.number: [s.val_reward for s in per_seed] for t, per_seed in zip(top, runs)}
+    rows = [{"trial": n, "seed": s, "source": src, "val_reward": v}
+            for n in first for src, ss, vs in (("search", search_seeds(params), first[n]), ("confirm", seeds, more[n]))
+            for s, v in zip(ss, vs)]
+    write_csv(out_dir / "confirm.csv", rows, CONFIRM_COLUMNS)
+    return {n: first[n] + more[n] for n in first}
+
+
 def finished_trials(study) -> list:
     """COMPLETE and PRUNED trials in the order they were created. A FAIL trial is one a killed
     search left RUNNING (:func:`lopd.hpo.batches.fail_interrupted`; a trial that raises stops the stage): it is
@@ -213,25 +270,37 @@ def finished_trials(study) -> list:
                   key=lambda t: t.number)
 
 
-def write_outputs(study, out_dir: Path, params) -> dict:
-    """``trials.csv`` (every finished trial with its val CI and whether it ties with the best),
-    ``margin_paths.csv`` (:func:`margin_path_rows`: what the margin did in each trial's runs),
-    ``selection.json`` (:func:`lopd.hpo.selection.select`) and ``best_params.yaml`` (the point the
-    registered tie rule selects, its tie count and the rule)."""
+def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]] | None = None) -> dict:
+    """``trials.csv`` (every finished trial with its val CI on the search's seeds, its mean over every seed
+    where it was confirmed, and whether it ties with the best), ``margin_paths.csv`` (:func:`margin_path_rows`:
+    what the margin did in each trial's runs), ``selection.json`` and ``best_params.yaml`` (the point the
+    registered tie rule selects, its tie count and the rule). With ``per_seed`` (:func:`confirm_trials`) the
+    selection is :func:`lopd.hpo.selection.select_by_seed` among the confirmed trials, and the search's own
+    task-paired selection over every trial is kept as ``selection.json``'s ``search``; without, it is
+    :func:`lopd.hpo.selection.select`."""
     from lopd.errors import RunFailed
     from lopd.analysis.constraint import trial_margins
-    from lopd.hpo.selection import TrialScore, select, select_binding
+    from lopd.hpo.selection import TrialScore, select, select_by_seed, select_binding
 
     done = finished_trials(study)
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))
               for i, t in enumerate(done)]
     try:
         sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space(params))
+        search_ci = sel["intervals"]
+        if per_seed:
+            sel = {**select_by_seed(scores, per_seed, search_seeds(params) + confirm_seeds(params),
+                                    params.hpo.tie_rule, params.hpo.tie_alpha, space(params)),
+                   "search": {k: v for k, v in sel.items() if k != "intervals"}}
     except ValueError as e:
         raise RunFailed(f"the search finished no trial: nothing to select ({e})") from None
-    tied, ci = set(sel["tied"]), sel["intervals"]
-    rows = [{"number": t.number, "state": t.state, "value": t.value, "ci_low": (ci.get(str(t.number)) or {}).get("low"),
-             "ci_high": (ci.get(str(t.number)) or {}).get("high"), "tied_with_best": t.number in tied, **t.point}
+    tied = set(sel["tied"])
+    rows = [{"number": t.number, "state": t.state, "value": t.value,
+             "ci_low": (search_ci.get(str(t.number)) or {}).get("low"),
+             "ci_high": (search_ci.get(str(t.number)) or {}).get("high"),
+             "confirmed_value": sum(per_seed[t.number]) / len(per_seed[t.number]) if per_seed and t.number in per_seed
+             else None, "confirmed_seeds": len(per_seed[t.number]) if per_seed and t.number in per_seed else None,
+             "tied_with_best": t.number in tied, **t.point}
             for t in scores]
     write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
     paths_rows = margin_path_rows(done)
@@ -241,7 +310,8 @@ def write_outputs(study, out_dir: Path, params) -> dict:
                                     {n: t["max_delta"] for n, t in margins.items()})
     write_json(out_dir / "selection.json", sel)
     best = {**_point(sel["point"], params), "value": float(sel["value"]), "trial": sel["selected"],
-            "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "selected_on": "val"}
+            "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "tie_unit": sel["unit"],
+            "value_seeds": len(sel.get("seeds") or search_seeds(params)), "selected_on": "val"}
     b = sel["binding"]
     best["binding"] = ({**_point(b["point"], params), "value": b["value"], "trial": b["trial"]}
                        if b["trial"] is not None else None)

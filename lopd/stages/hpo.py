@@ -14,8 +14,8 @@ from lopd.stages.common import load_resources, splits_read, write_side
 def run(params: Params, paths: Paths, worker: bool = False, storage: str | None = None,
         n_trials: int | None = None) -> dict:
     from lopd.hpo.progress import search_progress
-    from lopd.hpo.study import (dep_files, interrupted_trials, run_search, tune_baselines, write_outputs,
-                                 write_result)
+    from lopd.hpo.study import (confirm_trials, dep_files, interrupted_trials, run_search, tune_baselines,
+                                 write_outputs, write_result)
     from lopd.tracking import Tracker
 
     res = load_resources(params, paths, role="hpo")
@@ -34,7 +34,12 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
     if worker:
         tracker.end()
         return {}
-    sel = write_outputs(study, paths.hpo, params)
+    try:  # the best trials on more seeds, so that the selection ties by seed (hpo.confirm_top)
+        per_seed = confirm_trials(params, res, study, paths.hpo, parent_tracker=tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    sel = write_outputs(study, paths.hpo, params, per_seed)
     tracker.log_params({f"best_{k}": v for k, v in sel.items() if k not in ("binding", "binding_reason")})
     tracker.log_params({"binding_trial": (sel["binding"] or {}).get("trial")})
     try:
