@@ -313,3 +313,16 @@ def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
     md = render_search({"selection": sel, "trials": rows, "baselines": {}}, {})
     assert "## The best trials on more seeds (ties by seed)" in md and "**the seed as the unit**" in md
     assert "paired by seed over 6 seeds" in md
+
+
+def test_every_arms_tuning_budget_is_counted_from_the_search_outputs():
+    """3 finished trials × 2 search seeds + 2 confirmed × 4 more seeds = 14 runs; sft 3 rates × 2 seeds = 6."""
+    from lopd.analysis.hpo_report import _budgets
+
+    confirm = [{"trial": t, "seed": s, "source": "search"} for t in ("0", "2") for s in ("1000", "1001")]
+    confirm += [{"trial": t, "seed": str(s), "source": "confirm"} for t in ("0", "2") for s in range(1002, 1006)]
+    base_runs = [{"arm": "sft", "knob_value": v, "seed": s} for v in ("0.001", "0.002", "0.005") for s in ("1000", "1001")]
+    search, by_arm = _budgets({"trials": [{}, {}, {}], "confirm": confirm, "baseline_runs": base_runs})
+    assert search == "3 trials × 2 seeds + 2 × 4 more seeds = 14 runs"
+    assert by_arm == {"sft": "3 values × 2 seeds = 6 runs"}
+    assert _budgets({"trials": [{}], "confirm": None, "baseline_runs": None})[0] == "1 trials × ? seeds"
