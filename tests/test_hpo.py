@@ -56,7 +56,8 @@ def test_a_tie_goes_to_the_earliest_trial(tmp_path):
     sel = write_outputs(study, tmp_path, _params())
     lr = _params().train.lr_student  # not searched here: the train default
     want = {"margin": 0.1, "K": 4, "n_ret": 2, "lr_student": lr, "value": 0.75, "trial": 1, "tie_count": 2,
-            "tie_rule": "best", "selected_on": "val", "binding": None,  # no margin paths recorded: no binding trial
+            "tie_rule": "best", "tie_unit": "task", "value_seeds": _params().hpo.seeds_per_trial, "selected_on": "val",
+            "binding": None,  # no margin paths recorded: no binding trial
             "binding_reason": "no completed trial's margin binds in at least 50% of its seeds; the smallest "
                               "positive m tried is 0.05"}
     assert sel == want

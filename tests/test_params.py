@@ -214,7 +214,8 @@ def test_prepare_with_valid_small_params_writes_splits(tmp_path, monkeypatch, ca
 ], ids=["train-unknown-arm", "evaluate-unknown-arm", "train-seed-not-in-params", "extra-seed-of-another-arm"])
 def test_cli_rejects_bad_arm_or_seed_before_anything_else(tmp_path, monkeypatch, capsys, base_raw, argv, needles):
     monkeypatch.chdir(tmp_path)
-    good = _write(tmp_path, base_raw)
+    # sft not among the extra arms (the default runs every arm on the extra seeds): its seed 5 is no seed of it
+    good = _write(tmp_path, _mod(base_raw, **{"train.extra_arms": ["base", "lopd"]}))
     rc = main(["--params", str(good), *argv])
     out = capsys.readouterr().err
     assert rc == 2, out

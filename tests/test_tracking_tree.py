@@ -403,6 +403,7 @@ _READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
     "base": "base", "cold_start": r"cold start( · draw \d+)?", "probe": "probe",
     "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+",
     "hpo-baselines": r"baseline \w+ · (lr|β)=\S+ · seed \d+",
+    "hpo-confirm": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+ · seed \d+",  # a confirmed trial's more seeds
     "sensitivity": r"sensitivity( · (margin|K|n_ret)=\S+ · seed \d+)?",
     "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+"}
 
