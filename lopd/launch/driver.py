@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from lopd.launch.plan import Plan, ready_stages
+from lopd.launch.watchdog import wait_group_gone
 from lopd.launch.worktree import main_cache_dir, prepare_worktree, read_locks, remove_worktree
 
 CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
@@ -182,5 +183,5 @@ def stop_local_groups(events_file: Path, wait_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WAIT_S
-    while alive and (alive := _live_local_groups(events_file)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    for pgid in alive:
+        wait_group_gone(pgid, max(0.0, deadline - time.monotonic()))
