@@ -52,6 +52,16 @@ def parser() -> argparse.ArgumentParser:
         t.add_argument("--seed", type=int, default=None, help="that seed only, alone (train: the path of a run "
                                                                  "across processes)")
     sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
+    sub.add_parser("confirm-split", help="write the sealed confirmatory test split (no prompt or solution of "
+                                         "train, val or test)")
+    sub.add_parser("register", help="write registration/registration.json: the rule, S, arms, seeds, effect, "
+                                    "design, before any confirmatory read")
+    c = sub.add_parser("confirm-draw", help="the bank and cold start of one confirmation seed")
+    c.add_argument("--seed", type=int, required=True)
+    c = sub.add_parser("confirm-train", help="the rule's arms at one point of S on every confirmation seed")
+    c.add_argument("--slot", type=int, required=True, help="the slot of S (confirm.points)")
+    sub.add_parser("confirm-evaluate", help="evaluate the confirmation's students on the confirmatory split "
+                                            "(refuses without registration.json)")
     sub.add_parser("report", help="tables, figures and audits under reports/")
     f = sub.add_parser("fingerprint", help="hash the code deps and params values a dvc.yaml stage declares "
                                            "(code_train, code_evaluate) into that stage's output")
@@ -262,6 +272,10 @@ def _run_stage(stage, params, paths, args) -> None:
         stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
     elif args.cmd in ("bank", "cold-start"):
         stage.run(params, paths, draw=args.draw)
+    elif args.cmd == "confirm-draw":
+        stage.run(params, paths, args.seed)
+    elif args.cmd == "confirm-train":
+        stage.run(params, paths, args.slot)
     else:
         stage.run(params, paths)
 

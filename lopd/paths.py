@@ -55,6 +55,32 @@ class Paths:
             return self.bank, self.cold_start
         return self.bank_draw(draw), self.cold_start_draw(draw)
 
+    # --- the confirmation (lopd.confirmation) -----------------------------------------------------
+    @property
+    def confirm_split(self) -> Path:
+        """The sealed confirmatory split and its manifest (stage ``confirm_split``)."""
+        return self.root / "data" / "confirm"
+
+    @property
+    def registration(self) -> Path:
+        """``registration.json`` (stage ``register``): what the confirmation tests, before its split is read."""
+        return self.root / "registration" / "registration.json"
+
+    def confirm_draw(self, seed: int) -> tuple[Path, Path]:
+        """(bank, φ0) directories of the confirmation's training seed ``seed`` (stage ``confirm_draw@seed``),
+        shared by every point of S."""
+        d = self.root / "models" / "confirm_draws" / f"seed-{seed}"
+        return d / "bank", d / "cold_start"
+
+    def confirm_runs(self, slot: int) -> Path:
+        """Every run of slot ``slot`` of S (stage ``confirm_train@slot``): ``<arm>/seed-<s>``."""
+        return self.root / "confirm" / "runs" / f"p{slot}"
+
+    @property
+    def confirm_eval(self) -> Path:
+        """The confirmatory evaluation (stage ``confirm_evaluate``): ``<point>/<arm>/seed-<s>``, base under ``shared``."""
+        return self.root / "confirm" / "eval"
+
     @property
     def hpo(self) -> Path:
         return self.root / "hpo"

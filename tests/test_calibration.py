@@ -110,3 +110,32 @@ def test_the_draw_effect_has_the_stated_structure():
     shared = simulate_seed_means(arms, design, n_exp=200, n_seeds=4, seed=3, per_seed_draws=False)
     within = shared["lopd"] - shared["lopd"].mean(axis=1, keepdims=True)
     assert np.std(within) < 0.01 < np.std(shared["lopd"].mean(axis=1))
+
+
+def test_the_confirmation_design_from_a_pilot_covariance():
+    """The registration's design (lopd.confirmation.registration.design) on a pilot of 10 seeds whose rule
+    contrasts have sd 0.05 and correlation 0.5: the simulated false-claim rates of the primary are at most α
+    (every contrast at 0; one at 0 and the others far above, the least favourable boundary: ≈ α), power grows
+    with the seeds, the robust label's power is at most the primary's, and at the seeds it says it needs
+    the primary's power reaches the target."""
+    from lopd.analysis.power import joint_power
+    from lopd.confirmation.registration import design
+
+    rng = np.random.default_rng(3)
+    cov = 0.05 ** 2 * (0.5 * np.ones((4, 4)) + 0.5 * np.eye(4))
+    pilot = rng.multivariate_normal(np.full(4, 0.1), cov, size=10)
+    names = [f"t{i}" for i in range(4)]
+    kw = dict(effect=0.04, n_points=3, alpha=0.05, power=0.8, upper=0.8, n_sim=2000)
+    d10, d40 = design(names, pilot, n_seeds=10, **kw), design(names, pilot, n_seeds=40, **kw)
+    for d in (d10, d40):
+        assert d["false_claim_all_null"] <= 0.05
+        # 2000 experiments: an α of 0.05 would exceed 0.066 with probability < 0.01
+        assert d["false_claim_boundary"] <= 0.066, d["false_claim_boundary"]
+        assert d["power_robust"] <= d["power_primary"]
+    assert d10["power_primary"] < d40["power_primary"]
+    need = d10["seeds_needed_primary"]
+    assert need is not None and need == d40["seeds_needed_primary"]
+    cov_u = np.atleast_2d(np.cov(pilot, rowvar=False)) * d10["factor"]
+    assert joint_power(np.full(4, 0.04), cov_u, need, n_sim=2000) >= 0.8
+    assert design(names, pilot[:2], n_seeds=10, **kw) == {"why": "the pilot has fewer than 3 seeds shared by every "
+                                                                 "test of the rule"}

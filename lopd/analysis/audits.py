@@ -17,18 +17,22 @@ from lopd.analysis.render import arm_order, fmt, md_table, write_text
 from lopd.errors import BadInput
 from lopd.utils import content_overlap, read_json
 
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "val", "test", "confirm")
 EVAL_STAGE = "evaluate"
+CONFIRM_STAGE = "confirm_evaluate"
+REGISTRATION = "registration/registration.json"
 HPO_STAGE = "hpo"
 CLEAN_LEAKAGE_SENTENCE = (
     "The hyper-parameters (m, K, n_ret) were selected on the validation split only; "
     "no stage other than evaluate depends on or read the test split; "
+    "no stage other than confirm_evaluate depends on or read the confirmatory split, and confirm_evaluate "
+    "depends on registration/registration.json, so DVC runs register before it; "
     "no val or test task shares its content with a train task."
 )
 
 
 # --------------------------------------------------------------------------- leakage audit
-_SPLIT_RE = re.compile(r"(?:^|[/\\\s'\"=])(train|val|test)\.jsonl\b")
+_SPLIT_RE = re.compile(r"(?:^|[/\\\s'\"=])(train|val|test|confirm)\.jsonl\b")
 _SPLIT_DIR_RE = re.compile(r"(?:^|[\s'\"=])(?:\./)?data/splits/?(?:$|[\s'\"])")
 
 
@@ -48,7 +52,9 @@ def _splits_in(texts: list[str]) -> set[str]:
     for t in texts:
         found |= set(_SPLIT_RE.findall(t))
         if _SPLIT_DIR_RE.search(t) or t.strip().rstrip("/") in ("data/splits", "./data/splits"):
-            found |= set(SPLITS)  # the whole split directory, test included
+            found |= {"train", "val", "test"}  # the whole split directory, test included
+        if t.strip().rstrip("/") in ("data/confirm", "./data/confirm"):
+            found.add("confirm")
     return found
 
 
@@ -67,7 +73,8 @@ def _dvc_deps(root: Path) -> dict | None:
         body = [stage, stage.get("do") or {}]
         deps = [s for b in body if isinstance(b, dict) for s in _strings(b.get("deps", []))]
         cmds = [s for b in body if isinstance(b, dict) for s in _strings(b.get("cmd", []))]
-        out[str(name)] = {"deps": _splits_in(deps), "cmd": _splits_in(cmds)}
+        out[str(name)] = {"deps": _splits_in(deps), "cmd": _splits_in(cmds),
+                          "registered": REGISTRATION in [d.strip().lstrip("./") for d in deps]}
     return out
 
 
@@ -87,6 +94,10 @@ def _runtime_records(root: Path) -> list[dict]:
         cands.append((p.parent.name, p))
     for p in sorted((root / "models" / "draws").glob("*/manifest.json")):  # bank-<s>, cold_start-<s>
         cands.append((f"{p.parent.name.rpartition('-')[0]}_draw", p))  # dvc.yaml's matrix stage; the path names s
+    for p in sorted((root / "confirm" / "eval").glob("*/*/seed-*/result.json")):
+        cands.append((CONFIRM_STAGE, p))
+    for p in sorted((root / "models" / "confirm_draws").glob("seed-*/bank/manifest.json")):
+        cands.append(("confirm_draw", p))
     for p in (root / "hpo" / "result.json", root / "results" / "sensitivity" / "result.json"):
         if p.exists():
             cands.append((p.parent.name, p))
@@ -115,6 +126,12 @@ def _declared_problems(dvc: dict | None) -> tuple[list[str], list[str]]:
         if _stage_base(name) != EVAL_STAGE and "test" in (d["deps"] | d["cmd"]):
             where = "depends on" if "test" in d["deps"] else "names in its cmd"
             violations.append(f"stage `{name}` {where} the test split (data/splits/test.jsonl)")
+        if _stage_base(name) != CONFIRM_STAGE and "confirm" in (d["deps"] | d["cmd"]):
+            where = "depends on" if "confirm" in d["deps"] else "names in its cmd"
+            violations.append(f"stage `{name}` {where} the confirmatory split (data/confirm)")
+        if _stage_base(name) == CONFIRM_STAGE and not d.get("registered"):
+            violations.append(f"stage `{name}` does not depend on {REGISTRATION}: nothing orders the registration "
+                              "before its confirmatory read")
     hpo = [d for n, d in dvc.items() if _stage_base(n) == HPO_STAGE]
     if not hpo:
         unverified.append("no `hpo` stage in dvc.yaml: where m, K, n_ret were selected cannot be verified")
@@ -158,6 +175,9 @@ def leakage(root: Path, runs, checked_arms) -> dict:
             if split == "test" and (r["stage"] != EVAL_STAGE or role != EVAL_STAGE):
                 violations.append(f"stage `{r['stage']}` (role {role!r}) read the test split at run time "
                                   f"({r['path'].relative_to(root)})")
+            if split == "confirm" and (r["stage"] != CONFIRM_STAGE or role != CONFIRM_STAGE):
+                violations.append(f"stage `{r['stage']}` (role {role!r}) read the confirmatory split at run time "
+                                  f"({r['path'].relative_to(root)})")
             exp = (manifest.get(split) or {}).get("sha256")
             if exp and read.get("sha256") and read["sha256"] != exp:
                 warnings_.append(f"{r['path'].relative_to(root)}: read {split} with SHA-256 {read['sha256'][:12]}… "
@@ -182,8 +202,25 @@ def leakage(root: Path, runs, checked_arms) -> dict:
     if not man_path.exists():
         unverified.append("data/splits/manifest.json not found: split hashes unknown")
     warnings_ += _unselected_hparams(root, runs, checked_arms)
-    return {"manifest": manifest, "content_overlap": overlap, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
+    confirm = _confirm_split(root, content, violations)
+    return {"confirm": confirm, "manifest": manifest, "content_overlap": overlap, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
             "warnings": warnings_, "notes": notes, "clean": not violations and not unverified}
+
+
+def _confirm_split(root: Path, content: dict, violations: list[str]) -> dict | None:
+    """The confirmatory split's manifest: its prompt overlap with each sealed split (recomputed from the content
+    keys; must be 0) and its own audit (solutions excluded; the pilot test's solution twins of train)."""
+    path = root / "data" / "confirm" / "manifest.json"
+    if not path.exists():
+        return None
+    m = read_json(path) or {}
+    keys = set((m.get("file") or {}).get("content") or [])
+    overlap = {s: len(keys & set(v)) for s, v in content.items() if isinstance(v, list)}
+    for s, n in overlap.items():
+        if n:
+            violations.append(f"the confirmatory split shares {n} tasks with {s} by content (same prompt)")
+    return {"n": (m.get("file") or {}).get("n"), "sha256": (m.get("file") or {}).get("sha256"), "overlap": overlap,
+            "audit": m.get("audit") or {}}
 
 
 def write_leakage(out: Path, lk: dict) -> None:
@@ -217,6 +254,18 @@ def write_leakage(out: Path, lk: dict) -> None:
                   "arguments) is in train never reappears in val or test. Must be 0 everywhere.")
         md += ["", md_table(["between splits", "shared tasks"], [[k, str(v)] for k, v in ov["between"].items()]),
                "", md_table(["within split", "repeated tasks"], [[k, str(v)] for k, v in ov["within"].items()])]
+    cf = lk.get("confirm")
+    md += ["", "## The confirmatory split (data/confirm/manifest.json)", ""]
+    if cf is None:
+        md.append("Not written (no confirm_split stage output).")
+    else:
+        a = cf["audit"]
+        md += [f"{cf['n']} tasks, SHA-256 `{cf['sha256']}`. Drawn from its own candidate stream, excluding every task "
+               "whose prompt or scripted solution equals a train, val or test task's (lopd.confirmation.split). Prompt "
+               "overlap, recomputed from the content keys: " + ", ".join(f"{s} {n}" for s, n in cf["overlap"].items())
+               + f". The pilot's test split has {a.get('pilot_test_solution_twins', '?')} of {a.get('pilot_test_n', '?')} "
+               "tasks whose solution equals a train task's (a different prompt, the same actions): the leak by "
+               "solution this split closes."]
     md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", "",
            _stage_table(lk)]
     if lk["warnings"]:

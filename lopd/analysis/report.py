@@ -1,9 +1,11 @@
 """The `report` stage: a short orchestrator over :mod:`lopd.analysis`.
 
 It reads only files the other stages wrote (``runs/``, ``results/``, ``hpo/``, ``data/splits/manifest.json``,
-``dvc.yaml``) and writes under ``reports/``:
+``registration/``, ``confirm/eval/``, ``data/confirm/manifest.json``, ``dvc.yaml``) and writes under ``reports/``:
 
-* ``falsification.md``: the pre-registered rule, premise gate, design check, tests, verdict;
+* ``falsification.md``: the confirmation (registration hash, amended-rule verdict and label, specification
+  curve, design, S: :mod:`lopd.analysis.confirm_report`), then the final runs as the pilot: the
+  pre-registered rule, premise gate, design check, tests, verdict;
 * ``main_table.md`` / ``.tex``, ``comparisons.md`` (exploratory family), ``seed_variance.md``,
   ``margin_dynamics.md``, ``efficiency.md``, ``leakage_audit.md``, ``README.md`` (index);
 * ``metrics/**.json``: headline metrics for ``dvc metrics`` (one small file per row);
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopd.analysis import audits, dynamics, figures, plotdata, hpo_report, tables
+from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables
 from lopd.analysis.calibration import NULLS, design_rates
 from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_not_run, load_premise, load_runs, load_task_table,
@@ -33,7 +35,9 @@ REPORT_DIR = "reports"
 OPTIONAL_FILES = ("hpo/trials.csv", "hpo/margin_paths.csv", "hpo/best_params.yaml", "hpo/selection.json", "hpo/baselines.yaml",
                   "results/sensitivity/grid.csv", "dvc.yaml",
                   "data/splits/manifest.json")
-INDEX = [("falsification.md", "pre-registered two-part rule, premise gate, design check, tests, verdict"),
+INDEX = [("falsification.md", "the registration's hash, the confirmatory verdict and its label, the specification "
+                             "curve, the registered design, S; then the pilot (exploratory): the rule, premise gate, "
+                             "design check, tests, verdict"),
          ("main_table.md", "test reward per domain and mean, mean ± t 95% CI over seeds (markdown)"),
          ("main_table.tex", "the same table for LaTeX"),
          ("comparisons.md", "lopd vs each arm (exploratory): paired t, t-CI, sign-flip, Holm, paired P(improvement)"),
@@ -133,6 +137,18 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
         "missing_inputs": missing, **extra})
 
 
+def pilot_section(md: str) -> str:
+    """The final runs' falsification analysis as the pilot: one heading level down, under its own title."""
+    lines = md.split("\n")
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    body = ["#" + x if x.startswith("#") else x for x in lines]
+    return "\n".join(["# Pilot (exploratory)", "",
+                      "The final runs below, on the pilot's test split, are exploratory: the search chose their point, "
+                      "and earlier versions of this pipeline read that test split at other points. They size the "
+                      "confirmation's design (registration.json); the verdict above is the confirmatory one.", *body])
+
+
 def build_report(params, root: Path = Path(".")) -> dict:
     """Write every report file under ``root/reports/`` and return the summary (also ``summary.json``)."""
     root = Path(root)
@@ -156,8 +172,11 @@ def build_report(params, root: Path = Path(".")) -> dict:
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
     fal["margin_contrasts"] = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms},
                                                     not_run)
-    write_text(out / "falsification.md", render(rule, fal, premise, _design_note(params, rule, fal),
-                                                ci_scope(params.train.per_seed_draws), fal["margin_contrasts"]))
+    conf = confirm_report.confirmation(rule, root)
+    head = confirm_report.render_confirmation(conf, confirm_report.spec_curve_png(out, conf))
+    pilot = render(rule, fal, premise, _design_note(params, rule, fal), ci_scope(params.train.per_seed_draws),
+                   fal["margin_contrasts"])
+    write_text(out / "falsification.md", "\n".join(head) + "\n" + pilot_section(pilot))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
     search = hpo_report.load_search(root)
     write_text(out / "search.md", hpo_report.render_search(search, runs))
@@ -192,7 +211,8 @@ def build_report(params, root: Path = Path(".")) -> dict:
     readme += ["", "Plot data rows: " + ", ".join(f"{k} {v}" for k, v in plot_rows.items()) + "."]
     write_text(out / "README.md", "\n".join(readme))
     summary = _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing,
-                       {"metrics_rows": metric_rows, "plot_rows": plot_rows})
+                       {"metrics_rows": metric_rows, "plot_rows": plot_rows,
+                        "confirmation": confirm_report.summary(conf)})
     if params.bank.scripted_demos:  # the default report is unchanged
         _mark_path_check(out)
         summary["path_check"] = True

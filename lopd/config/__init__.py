@@ -26,6 +26,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from lopd.config import section as _section
+from lopd.config.confirm import ConfirmParams
 from lopd.config.launch import LaunchParams, LaunchResources
 from lopd.config.messages import format_validation_error
 from lopd.config.report import DesignParams, ReportParams, RuleParams
@@ -36,7 +37,7 @@ from lopd.config.stages import ARMS, BankParams, BaseParams, ColdStartParams, Ev
 from lopd.config.train import TrainParams
 from lopd.errors import BadInput
 
-__all__ = ["ARMS", "BankParams", "BaseParams", "ColdStartParams", "DesignParams", "EnvParams", "EvalParams",
+__all__ = ["ARMS", "BankParams", "ConfirmParams", "BaseParams", "ColdStartParams", "DesignParams", "EnvParams", "EvalParams",
            "HpoParams", "LaunchParams", "LaunchResources", "ModelParams", "Params", "ProbeParams", "ReportParams",
            "RuleParams", "Section", "SensitivityParams", "TrackingParams", "TrainParams", "deep_merge",
            "format_params_error", "load_params", "parse_params", "read_yaml_mapping", "record_reads", "recorded_reads",
@@ -58,6 +59,8 @@ class Params(Section):
     hpo: HpoParams = Field(description="Optuna TPE over m, K, n_ret, lr on the validation split only")
     sensitivity: SensitivityParams = Field(description="one-at-a-time validation grid around the selected point")
     report: ReportParams = Field(description="tables, figures, audits and the pre-registered verdict")
+    confirm: ConfirmParams = Field(description="the confirmatory run: the rule at every point of S, fresh seeds, "
+                                               "its own sealed split, registered before it is read")
     launch: LaunchParams = Field(description="`lopd launch`: out-of-date stages as Ray jobs; read by no stage")
 
     @model_validator(mode="after")
@@ -68,6 +71,10 @@ class Params(Section):
             raise ValueError(f"hpo.k_choices must be <= cold_start.k_max ({self.cold_start.k_max})")
         if self.train.n_ret > self.cold_start.n_ret_max or self.hpo.n_ret_max > self.cold_start.n_ret_max:
             raise ValueError(f"train.n_ret and hpo.n_ret_max must be <= cold_start.n_ret_max ({self.cold_start.n_ret_max})")
+        pilot = {*self.train.seeds, *self.train.extra_seeds}
+        if pilot & set(self.confirm.seeds):
+            raise ValueError(f"confirm.seeds must be fresh: {sorted(pilot & set(self.confirm.seeds))} are seeds of the "
+                             "pilot (train.seeds + train.extra_seeds)")
         return self
 
     def section_hash(self, *names: str) -> str:

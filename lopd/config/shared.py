@@ -57,6 +57,9 @@ class EnvParams(Section):
     n_train: int = Field(ge=4, description="train tasks per domain")
     n_val: int = Field(ge=4, description="validation tasks per domain (the search and the premise gate read them)")
     n_test: int = Field(ge=4, description="test tasks per domain (read by the evaluate stage only)")
+    n_confirm: int = Field(ge=4, description="confirmatory test tasks per domain (stage confirm_split; read by the "
+                                             "confirm_evaluate stage only), none sharing a prompt or a solution "
+                                             "with train, val or test")
     seed: int = Field(ge=0, description="seed of task and world generation")
     # < the 256 two-syllable world names (lopd.envs.base.MAX_WORLDS; not imported here, so that reading
     # params does not import the environments; tests/test_worlds.py checks the two agree)

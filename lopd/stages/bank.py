@@ -64,9 +64,10 @@ def _precision(params: Params, bb, entries, val, embedder: str) -> dict:
     return bank, bank.precision(val, embed_tasks(embedder, bb, val), params.train.n_ret)
 
 
-def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
+def run(params: Params, paths: Paths, draw: int | None = None, out_dir=None) -> dict:
     """``draw=None``: the shared bank (``models/bank``, seed ``bank.seed``); else upstream draw ``draw``
-    (``models/draws/bank-<draw>``, seed :func:`upstream_seed`)."""
+    (``models/draws/bank-<draw>``, seed :func:`upstream_seed`). ``out_dir``: write there instead (a
+    confirmation seed's draw, :mod:`lopd.stages.confirm_draw`)."""
     from lopd.engine.evaluation import make_envs
     from lopd.kernels import seed_everything
 
@@ -105,7 +106,7 @@ def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
     if scripted:  # the default bank's manifest is unchanged
         extra["path_check"] = {"policy_successes": n_policy, "scripted_demos": len(entries) - n_policy,
                                "scripted_failed": n_failed}
-    manifest = bank.save(paths.upstream(draw)[0], extra)
+    manifest = bank.save(out_dir or paths.upstream(draw)[0], extra)
     print(f"bank{'' if draw is None else f' draw {draw}'}: {len(bank)} experiences {manifest['by_family']}; "
           f"val retrieval precision {precision}")
     return manifest

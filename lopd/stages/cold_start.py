@@ -13,7 +13,9 @@ from lopd.stages.common import experience_task, load_backbone, task_embeddings, 
 from lopd.utils import write_json
 
 
-def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
+def run(params: Params, paths: Paths, draw: int | None = None, dirs=None, stage: str | None = None) -> dict:
+    """``dirs``: (bank, φ0) directories instead of :meth:`Paths.upstream` ``(draw)``, and ``stage`` the name of
+    its side file (a confirmation seed's draw, :mod:`lopd.stages.confirm_draw`)."""
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import save_tensors
     from lopd.training.cold_start import cold_start
@@ -22,8 +24,8 @@ def run(params: Params, paths: Paths, draw: int | None = None) -> dict:
 
     cp = params.cold_start
     seed = cp.seed if draw is None else upstream_seed(params, "cold_start", draw)
-    bank_dir, out = paths.upstream(draw)
-    stage = "cold_start" if draw is None else f"cold_start_draw@{draw}"
+    bank_dir, out = dirs or paths.upstream(draw)
+    stage = stage or ("cold_start" if draw is None else f"cold_start_draw@{draw}")
     bb = load_backbone(params, paths)
     bank = ExperienceBank.load(bank_dir)
     emb = task_embeddings(params, bb, [experience_task(e) for e in bank.entries])

@@ -40,17 +40,19 @@ def upstream_seed(params: Params, kind: str, draw: int) -> int:
     return derive_seed(f"{kind}-draw", own, draw) if params.train.per_seed_draws else own
 
 
-def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = True, draw: int | None = None):
+def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = True, draw: int | None = None,
+                   dirs=None):
     """Backbone, bank, φ0 and the train/val tasks shared by every run of a process. ``draw=None``: the shared
     draw (``models/bank``, ``models/cold_start``: the search, probe and sensitivity); else that upstream draw
-    (``models/draws/bank-<draw>``, ``cold_start-<draw>``: final run of training seed ``draw``)."""
+    (``models/draws/bank-<draw>``, ``cold_start-<draw>``: final run of training seed ``draw``); ``dirs``: these
+    (bank, φ0) directories instead (a confirmation seed's draw, :meth:`Paths.confirm_draw`)."""
     from lopd.engine.evaluation import make_envs
     from lopd.training.trainer import Resources
 
     bb = load_backbone(params, paths)
     reader = data_mod.SplitReader(paths.splits, role=role)
     train, val = reader.load("train"), reader.load("val")
-    bank, phi0 = _load_draw(paths, draw) if need_bank else (None, None)
+    bank, phi0 = _load_draw(paths, draw, dirs) if need_bank else (None, None)
     res = Resources(params=params, bb=bb, bank=bank, train_tasks=train, val_tasks=val, envs=make_envs(params),
                     phi0=phi0, k_max=params.cold_start.k_max)
     if need_bank:
@@ -58,22 +60,22 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     return res
 
 
-def with_draw(paths: Paths, res, draw: int):
+def with_draw(paths: Paths, res, draw: int, dirs=None):
     """``res`` with upstream draw ``draw``'s bank and φ0 (``models/draws/*-<draw>``): a population
     member's own draw on the shared backbone, tasks and task embeddings (those depend on the
     backbone only)."""
     from dataclasses import replace
 
-    bank, phi0 = _load_draw(paths, draw)
+    bank, phi0 = _load_draw(paths, draw, dirs)
     return replace(res, bank=bank, phi0=phi0)
 
 
-def _load_draw(paths: Paths, draw: int | None):
-    """(the experience bank, φ0) of upstream draw ``draw`` (None: the shared draw)."""
+def _load_draw(paths: Paths, draw: int | None, dirs=None):
+    """(the experience bank, φ0) of upstream draw ``draw`` (None: the shared draw), or in ``dirs``."""
     from lopd.bank import ExperienceBank
     from lopd.training.checkpoint import load_tensors_verified
 
-    bank_dir, cold_dir = paths.upstream(draw)
+    bank_dir, cold_dir = dirs or paths.upstream(draw)
     return ExperienceBank.load(bank_dir), load_tensors_verified(cold_dir / "phi0.safetensors")
 
 

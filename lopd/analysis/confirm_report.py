@@ -1,0 +1,203 @@
+"""The confirmation in the report: ``registration.json`` and ``confirm/eval/``, read back; the amended rule
+(:mod:`lopd.analysis.confirmation`), the specification curve (table and figure) and the registered design.
+These open ``falsification.md``; the final runs' analysis follows as the pilot (exploratory)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lopd.analysis.confirmation import LABEL_TEXT, analyse_amended, spec_curve_rows
+from lopd.analysis.falsification import CLAIM_SENTENCE, NO_CLAIM_SENTENCE, Rule
+from lopd.analysis.render import fmt, fmt_p, md_table
+from lopd.errors import BadInput
+
+REG_FILE = Path("registration") / "registration.json"
+EVAL_DIR = Path("confirm") / "eval"
+
+
+def load_confirmation(root: Path) -> tuple[dict | None, dict, list[str]]:
+    """(the registration, its hashes checked; ``by_point[point][arm][seed]`` = mean confirmatory test reward,
+    the shared arms under every point; problems: results evaluated under another registration)."""
+    from lopd.confirmation.registration import load
+
+    path = root / REG_FILE
+    if not path.exists():
+        return None, {}, []
+    reg = load(path)
+    problems, shared, by_point = [], {}, {p["name"]: {} for p in reg["points"]}
+    for f in sorted((root / EVAL_DIR).glob("*/*/seed-*/result.json")):
+        r = json.loads(f.read_text())
+        if r.get("registration") != reg["sha256"]:
+            problems.append(f"{f.relative_to(root)} was evaluated under another registration: not used")
+            continue
+        if not np.isfinite(r.get("test_reward", np.nan)):
+            raise BadInput(f"{f}: no finite test_reward")
+        dest = shared if r["point"] == "shared" else by_point.setdefault(r["point"], {})
+        dest.setdefault(r["arm"], {})[int(r["seed"])] = float(r["test_reward"])
+    for p in by_point.values():
+        p.update(shared)
+    return reg, by_point, problems
+
+
+def confirmation(rule: Rule, root: Path) -> dict | None:
+    """Everything the report shows of the confirmation, or None when there is no registration."""
+    reg, by_point, problems = load_confirmation(root)
+    if reg is None:
+        return None
+    out = {"registration": reg, "problems": problems, "by_point": by_point}
+    if not any(by_point.values()):
+        out["why"] = "no confirmatory evaluation results under confirm/eval/ (run confirm_evaluate)"
+        return out
+    am = analyse_amended(rule, by_point)
+    out["amended"] = am
+    out["spec_curve"] = spec_curve_rows(am, reg["points"])
+    return out
+
+
+def _ci(t: dict) -> str:
+    lo, hi = t.get("ci95") or (None, None)
+    return "—" if lo is None else f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
+    """The lines that open ``falsification.md``: registration hash, primary verdict and label, specification
+    curve, design, S."""
+    if conf is None:
+        return ["# Falsification test", "", "**No registration** (registration/registration.json is absent): there is "
+                "no confirmatory verdict; the pilot below is exploratory.", ""]
+    reg = conf["registration"]
+    md = ["# Falsification test", "", f"Registration: sha256 `{reg['sha256']}` (`registration/registration.json`, "
+          "written by stage `register` from the search's val outputs and the pilot's results; `confirm_evaluate`, the "
+          "only stage that reads the confirmatory split, refuses to run without it and checks every run was trained "
+          "under this hash).", ""]
+    md += [f"- {p}" for p in conf["problems"]] + ([""] if conf["problems"] else [])
+    if "why" in conf:
+        return md + [f"**No confirmatory verdict: {conf['why']}.**", ""]
+    am, pts = conf["amended"], reg["points"]
+    v = am["primary"]["verdict"]
+    n = len(am["seeds"])
+    md += ["## Confirmatory verdict", "",
+           f"**{CLAIM_SENTENCE if v['claim'] else NO_CLAIM_SENTENCE}** on the average over S ({len(pts)} point(s), "
+           f"{n} fresh seeds, the confirmatory split). Label: **{am['label']}** ({LABEL_TEXT[am['label']]}).", "",
+           f"Primary ({reg['rule']['primary']}): part (i) {'holds' if v['gain'] else 'fails'}, part (ii) "
+           f"{'holds' if v['content'] else 'fails'}. The rule holds at "
+           f"{sum(am['points'][p['name']]['verdict']['claim'] for p in pts)} of {len(pts)} points.", ""]
+    if am["missing"]:
+        md += ["Missing runs: " + "; ".join(am["missing"]) + ".", ""]
+    md += [md_table(["test (average over S)", "n", "estimate", "95% CI", "one-sided p", "rejects at α"],
+                    [[t["name"], str(t["n"]), f"{t['diff']:+.4f}" if t.get("diff") is not None else "n/a", _ci(t),
+                      fmt_p(t["p"]) if t.get("p") is not None else "n/a", "yes" if t["reject"] else "no"]
+                     for t in am["primary"]["tests"]]), ""]
+    md += ["## Specification curve", "",
+           "Every contrast of the rule at every point of S, in val-rank order, each with its point's margin status on "
+           "val (the search's runs at that point), then the average over S (the primary). Estimates are mean "
+           "per-seed contrasts, 95% t-intervals over the seeds.", ""]
+    if spec_png:
+        md += [f"![specification curve]({spec_png})", ""]
+    md += [md_table(["point", "trial", "role", "margin on val", "test", "n", "estimate", "95% CI", "one-sided p", "rejects"],
+                    [[r["point"], "—" if r["trial"] is None else str(r["trial"]), r["role"] or "",
+                      ", ".join(r["margin_status"] or []) or "—", r["test"], str(r["n"]),
+                      f"{r['diff']:+.4f}" if r.get("diff") is not None else "n/a", _ci(r),
+                      fmt_p(r["p"]) if r.get("p") is not None else "n/a", "yes" if r["reject"] else "no"]
+                     for r in conf["spec_curve"]]), ""]
+    md += design_lines(reg)
+    md += ["## S: the points the search cannot tell apart", "",
+           md_table(["point", "trial", "role", "val reward", "val seeds", "m", "K", "n_ret", "lr", "lopd_frozen lr",
+                     "margin on val", "max Δ(φ) on val"],
+                    [[p["name"], str(p["trial"]), p["role"], fmt(p["val_value"], 4), str(p["val_seeds"]), f"{p['margin']:g}",
+                      str(p["K"]), str(p["n_ret"]), f"{p['lr_student']:g}", f"{p['lr_frozen']:g}",
+                      ", ".join(p["margin_status"] or []) or "—",
+                      "—" if p.get("max_delta") is None else fmt(p["max_delta"], 4)] for p in pts]), ""]
+    md += [f"- {x}" for x in reg.get("notes", [])] + ([""] if reg.get("notes") else [])
+    return md
+
+
+def design_lines(reg: dict) -> list[str]:
+    d = reg["design"]
+    md = ["## Design (registered)", ""]
+    if "why" in d:
+        return md + [f"Not computed: {d['why']}.", ""]
+
+    def need(x):
+        return f"more than {200}" if x is None else str(x)
+
+    md += [f"From the pilot's per-seed contrasts of the rule ({d['pilot_n']} seeds), covariance inflated to its "
+           f"{d['upper']:.0%} upper bound (variances × {d['factor']:.2f}), every contrast at the registered smallest "
+           f"effect {d['effect']:g}, one-sided t at α = {d['alpha']}, {d['n_sim']} simulated experiments each:", "",
+           md_table(["", f"with {d['n_seeds']} seeds", f"seeds for {d['power_target']:.0%} power"],
+                    [["power of the primary (average over S; points taken as perfectly correlated)",
+                      fmt(d["power_primary"], 2), need(d["seeds_needed_primary"])],
+                     [f"power of the robust label ({d['n_points']} point(s) taken as independent)",
+                      fmt(d["power_robust"], 2), need(d["seeds_needed_robust"])]]), "",
+           f"False-claim rate of the primary under the null, simulated: {fmt(d['false_claim_all_null'], 3)} with every "
+           f"contrast at 0; {fmt(d['false_claim_boundary'], 3)} at the least favourable boundary (one contrast at 0, the "
+           f"others far above it); α = {d['alpha']}.", ""]
+    if d["power_primary"] < d["power_target"]:
+        md += [f"**Under-powered by its own registered design: {d['n_seeds']} seeds give power "
+               f"{d['power_primary']:.2f} for the primary at effect {d['effect']:g}, not {d['power_target']:.0%}. A "
+               "no-claim verdict would be weak evidence of no effect; a claim keeps its level α, but a test this weak "
+               "rejects mostly where noise adds to the effect, so its estimates may overstate it.**", ""]
+    md += [md_table(["test", "pilot sd (per seed)", f"sd at its {d['upper']:.0%} upper bound"],
+                    [[t, fmt(s, 4), fmt(u, 4)] for t, s, u in zip(d["tests"], d["sd"], d["sd_upper"])]), ""]
+    return md
+
+
+def spec_curve_png(out: Path, conf: dict | None) -> str | None:
+    """``figures/spec_curve.png``: each rule contrast ± 95% CI at each point of S and the average; None if
+    there is nothing to draw."""
+    from matplotlib.figure import Figure
+
+    from lopd.analysis.figures import save_fig
+
+    rows = [r for r in (conf or {}).get("spec_curve", []) if r.get("diff") is not None]
+    if not rows:
+        return None
+    tests = list(dict.fromkeys(r["test"] for r in rows))
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    fig = Figure(figsize=(1.6 + 1.3 * len(tests) * len(points) / 2, 3.6))
+    ax = fig.add_subplot(111)
+    x, labels = 0, []
+    for ti, t in enumerate(tests):
+        for pi, p in enumerate(points):
+            r = next((r for r in rows if r["test"] == t and r["point"] == p), None)
+            if r is None:
+                continue
+            lo, hi = r["ci95"]
+            color = "#1f77b4" if p != "average over S" else "#d62728"
+            ax.errorbar([x], [r["diff"]], yerr=[[r["diff"] - lo], [hi - r["diff"]]], fmt="o", color=color, capsize=3)
+            labels.append((x, f"{p}" if pi else f"{t}\n{p}"))
+            x += 1
+        x += 0.6
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks([a for a, _ in labels])
+    ax.set_xticklabels([b for _, b in labels], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("per-seed contrast (confirmatory test reward)")
+    ax.set_title("Specification curve: the rule's contrasts at every point of S (95% CI)")
+    save_fig(fig, out / "figures" / "spec_curve.png")
+    return "figures/spec_curve.png"
+
+
+def summary(conf: dict | None) -> dict | None:
+    """The confirmation's headline numbers for ``summary.json``."""
+    if conf is None:
+        return None
+    reg = conf["registration"]
+    out = {"registration_sha256": reg["sha256"], "points": [{k: p[k] for k in ("name", "trial", "role", "margin", "K",
+                                                                              "n_ret", "lr_student")} for p in reg["points"]],
+           "seeds": reg["seeds"], "effect": reg["effect"], "design": reg["design"], "problems": conf["problems"]}
+    if "amended" in conf:
+        am = conf["amended"]
+        out.update(label=am["label"], claim=am["primary"]["verdict"]["claim"], every=am["every"], some=am["some"],
+                   n_seeds=len(am["seeds"]),
+                   primary={t["name"]: {"diff": t.get("diff"), "ci95": t.get("ci95"), "p": t.get("p"),
+                                        "reject": t["reject"]} for t in am["primary"]["tests"]},
+                   points={p: {"claim": a["verdict"]["claim"],
+                               "tests": {t["name"]: {"diff": t.get("diff"), "ci95": t.get("ci95"), "p": t.get("p"),
+                                                     "reject": t["reject"]} for t in a["tests"]}}
+                           for p, a in am["points"].items()})
+    else:
+        out["why"] = conf.get("why")
+    return out

@@ -1,0 +1,190 @@
+"""``registration.json``: what the confirmation tests, fixed before its split is read.
+
+The ``register`` stage writes it from val-only artifacts (the search: ``hpo/selection.json``,
+``hpo/trials.csv``, ``hpo/margin_paths.csv``, ``hpo/best_params.yaml``, ``hpo/baselines.yaml``) and the
+pilot's test results (allowed: the pilot is exploratory; they size the design, they never choose a point):
+
+* the rule (``report.rule``), its primary form and labels (:mod:`lopd.analysis.confirmation`);
+* S (:func:`points_of_s`): the selected trial, the trials tied with it by seed, the best trial whose margin
+  binds; distinct points only, capped at ``len(confirm.points)``;
+* the arms, the fresh seeds and the smallest effect of interest;
+* the design (:func:`design`): power of the primary and of the robust label at these seeds, from the pilot's
+  per-seed contrast covariance inflated to its ``report.design.pilot_upper`` upper bound, the seeds each
+  would need, and the false-claim rates under the null by simulation;
+* the SHA-256 of each part and of the whole (:func:`seal`). :func:`load` refuses a file whose hashes do not
+  match: ``confirm_train`` and ``confirm_evaluate`` read S and the seeds from it, and the report prints
+  its hash first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lopd.errors import BadInput
+
+PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split")
+
+
+def _h(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _same_point(a: dict, b: dict) -> bool:
+    keys = ("margin", "K", "n_ret", "lr_student")
+    return all(float(a[k]) == float(b[k]) for k in keys)
+
+
+def points_of_s(selection: dict, trials: list[dict], binding: dict | None, margins: dict | None,
+                frozen_lr: float | None, cap: int) -> tuple[list[dict], list[str]]:
+    """S, from the search's outputs only (val). Candidates: the selected trial; every trial tied with it by
+    seed (``selection['tied']``, the seed-aware tie test), by val rank (mean val reward over the confirmation
+    seeds, then trial number); the best trial whose margin binds (``binding``, if any). A trial whose point
+    (m, K, n_ret, lr) equals one already in S is a duplicate, not a new point. The selected point is always
+    in S; the binding point, when one exists, takes a slot (it is the only test of a margin that binds);
+    ties fill the rest by val rank up to ``cap``.
+
+    Each point: name ``p<i>``, trial, role, the val value and seeds it rests on, m, K, n_ret, lr_student,
+    ``lr_frozen`` (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin
+    status on val (the statuses of its search runs). Also returns notes on what was left out and why."""
+    by_number = {int(float(r["number"])): r for r in trials}
+    intervals = selection.get("intervals") or {}
+
+    def value(n: int) -> tuple[float, int]:
+        if str(n) in intervals:
+            return float(intervals[str(n)]["mean"]), len((selection.get("per_seed") or {}).get(str(n), []))
+        return float(by_number[n]["value"]), 0
+
+    def point(n: int, role: str) -> dict:
+        r = by_number[n]
+        v, k = value(n)
+        m = (margins or {}).get(str(n)) or {}
+        p = {"trial": n, "role": role, "val_value": v, "val_seeds": k, "margin": float(r["margin"]),
+             "K": int(float(r["K"])), "n_ret": int(float(r["n_ret"])), "lr_student": float(r["lr_student"]),
+             "margin_status": sorted(set(m.get("status") or [])) or None, "max_delta": m.get("max_delta")}
+        p["lr_frozen"] = float(frozen_lr) if frozen_lr is not None else p["lr_student"]
+        return p
+
+    notes: list[str] = []
+    sel = int(selection["selected"])
+    chosen = [point(sel, "selected")]
+    tied = sorted((int(n) for n in selection.get("tied", []) if int(n) != sel), key=lambda n: (-value(n)[0], n))
+    bind = None
+    if binding and binding.get("trial") is not None:
+        bind = point(int(binding["trial"]), "binding")
+        if _same_point(bind, chosen[0]):
+            chosen[0]["role"] = "selected, binding"
+            bind = None
+    room = cap - 1 - (bind is not None)
+    for n in tied:
+        p = point(n, "tied")
+        dup = next((q for q in chosen if _same_point(p, q)), None)
+        if dup is not None:
+            notes.append(f"trial {n} is tied but repeats trial {dup['trial']}'s point: not a new point")
+        elif room <= 0:
+            notes.append(f"trial {n} is tied (val {p['val_value']:.4f}) but S is full (cap {cap}): left out by val rank")
+        elif bind is not None and _same_point(p, bind):
+            notes.append(f"trial {n} is tied and is the binding point")
+        else:
+            chosen.append(p)
+            room -= 1
+    if bind is not None:
+        chosen.append(bind)
+    elif not (binding and binding.get("trial") is not None) and cap > 1:
+        notes.append("no trial's margin binds: S has no binding point"
+                     + (f" ({binding['reason']})" if binding and binding.get("reason") else ""))
+    for i, p in enumerate(chosen):
+        p["name"] = f"p{i}"
+    return chosen, notes
+
+
+def pilot_contrasts(rule, pilot_by_seed: dict) -> tuple[list[str], np.ndarray]:
+    """The rule's per-seed contrasts in the pilot, on the seeds every test shares: (test names, n × k)."""
+    from lopd.analysis.falsification import analyse
+
+    fal = analyse(rule, pilot_by_seed)
+    rows = fal["tests"]
+    if any(r["n"] < 2 for r in rows):
+        return [r["name"] for r in rows], np.zeros((0, len(rows)))
+    common = sorted(set.intersection(*(set(r["seeds"]) for r in rows)))
+    return [r["name"] for r in rows], np.array([[r["contrast"][r["seeds"].index(s)] for r in rows] for s in common])
+
+
+def _robust_power(mean, cov, n: int, n_points: int, alpha: float, n_sim: int) -> float:
+    from lopd.analysis.power import joint_power
+
+    # every point's rule rejects; points taken as independent, a lower bound when their contrasts
+    # correlate positively (they share seeds, draws and base)
+    return joint_power(mean, cov, n, alpha=alpha, n_sim=n_sim) ** n_points
+
+
+def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: int, n_points: int, alpha: float,
+           power: float, upper: float, n_sim: int, max_n: int = 200) -> dict:
+    """The confirmation's design from the pilot: the covariance Σ̂ of the rule's per-seed contrasts, inflated
+    to its one-sided ``upper`` bound as a variance (× (n − 1)/χ²_{1−upper, n−1}), every contrast's mean at
+    ``effect``.
+
+    * primary power: the rule on the contrasts averaged over S; the average's covariance is taken as Σ_u
+      itself (points perfectly correlated: the average gains nothing), which does not overstate it;
+    * robust power: the rule at every one of ``n_points`` points, points taken as independent (a lower bound
+      for positively correlated points);
+    * seeds each needs for ``power`` (None: more than ``max_n``);
+    * false-claim rates of the primary under the null, simulated: every contrast at 0, and the least
+      favourable boundary (one contrast at 0, the others far above it), both ≤ α for an intersection–union
+      test."""
+    from scipy import stats
+
+    from lopd.analysis.power import joint_power, joint_seeds_needed
+
+    n = contrasts.shape[0]
+    if n < 3:
+        return {"why": "the pilot has fewer than 3 seeds shared by every test of the rule"}
+    cov = np.atleast_2d(np.cov(contrasts, rowvar=False))
+    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    cov_u = cov * factor
+    k = len(names)
+    mean = np.full(k, float(effect))
+    out = {"pilot_n": n, "tests": names, "sd": np.sqrt(np.diag(cov)).tolist(),
+           "sd_upper": np.sqrt(np.diag(cov_u)).tolist(), "factor": factor, "upper": upper, "effect": float(effect),
+           "n_seeds": n_seeds, "n_points": n_points, "alpha": alpha, "power_target": power, "n_sim": n_sim,
+           "power_primary": joint_power(mean, cov_u, n_seeds, alpha=alpha, n_sim=n_sim),
+           "power_robust": _robust_power(mean, cov_u, n_seeds, n_points, alpha, n_sim),
+           "seeds_needed_primary": joint_seeds_needed(mean, cov_u, alpha=alpha, power=power, max_n=max_n)}
+    robust_n = None
+    if _robust_power(mean, cov_u, max_n, n_points, alpha, n_sim) >= power:
+        lo, hi = 2, max_n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _robust_power(mean, cov_u, mid, n_points, alpha, n_sim) >= power else (mid + 1, hi)
+        robust_n = lo
+    out["seeds_needed_robust"] = robust_n
+    out["false_claim_all_null"] = joint_power(np.zeros(k), cov_u, n_seeds, alpha=alpha, n_sim=n_sim)
+    far = 10.0 * float(np.sqrt(np.max(np.diag(cov_u))) or 1.0)
+    out["false_claim_boundary"] = max(
+        joint_power(np.where(np.arange(k) == i, 0.0, far), cov_u, n_seeds, alpha=alpha, n_sim=n_sim) for i in range(k))
+    return out
+
+
+def seal(reg: dict) -> dict:
+    """``reg`` with ``hashes`` (SHA-256 of each part's canonical JSON) and ``sha256`` (of everything else)."""
+    body = {k: v for k, v in reg.items() if k not in ("hashes", "sha256")}
+    body["hashes"] = {p: _h(body.get(p)) for p in PARTS}
+    return {**body, "sha256": _h(body)}
+
+
+def load(path: Path) -> dict:
+    """The registration, its hashes checked; :class:`BadInput` if it is absent or altered."""
+    if not path.exists():
+        raise BadInput(f"{path} not found: the confirmation is not registered (run the register stage first: "
+                       "dvc repro register); no confirmatory stage runs without it")
+    try:
+        reg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path} is corrupt: {e}") from None
+    if not isinstance(reg, dict) or seal(reg).get("sha256") != reg.get("sha256"):
+        raise BadInput(f"{path} does not match its own hashes: it was altered after registration "
+                       "(rerun the register stage: dvc repro -f register)")
+    return reg

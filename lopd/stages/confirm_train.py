@@ -1,0 +1,62 @@
+"""Stage ``confirm_train@{slot}``: at point ``slot`` of S (``registration.json``), every trained arm of the
+rule on every confirmation seed, one population per arm (:mod:`lopd.population`), to
+``confirm/runs/p<slot>/<arm>/seed-<s>``. Seed s reads its own draw (``confirm_draw@s``), the same at every
+point. The point's m, K, n_ret and lr apply to every arm, except lopd_frozen's lr: its own, tuned on val.
+A slot beyond S's size writes ``not_run.json`` saying so. ``base`` does not train: slot 0 holds its
+students (shared by every point)."""
+
+from __future__ import annotations
+
+from lopd.config import Params
+from lopd.paths import NOT_RUN, Paths
+from lopd.utils import write_json
+
+
+def point_hparams(point: dict, arm: str) -> dict:
+    """The hyper-parameters the registration fixes for ``arm`` at ``point``."""
+    hp = {"margin": point["margin"], "K": point["K"], "n_ret": point["n_ret"], "lr_student": point["lr_student"]}
+    if arm == "lopd_frozen":
+        hp["lr_student"] = point["lr_frozen"]
+    return hp
+
+
+def run(params: Params, paths: Paths, slot: int) -> dict:
+    from lopd.arms import get_arm
+    from lopd.confirmation import registration as regmod
+    from lopd.errors import BadInput
+    from lopd.population.jobs import Job, run_jobs
+    from lopd.stages.common import load_resources, with_draw, write_side
+    from lopd.training.run import job_hparams
+
+    if slot not in params.confirm.points:
+        raise BadInput(f"slot {slot} is not a slot of S (confirm.points {params.confirm.points})")
+    reg = regmod.load(paths.registration)
+    out = paths.confirm_runs(slot)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "registration.json", {"sha256": reg["sha256"]})
+    if slot >= len(reg["points"]):
+        why = f"S has {len(reg['points'])} point(s): slot {slot} is empty"
+        write_json(out / NOT_RUN, {"slot": slot, "reason": why})
+        print(f"confirm slot {slot}: not run: {why}")
+        return {}
+    point, seeds = reg["points"][slot], reg["seeds"]
+    arms = [*reg["arms"]["trained"], *(reg["arms"]["shared"] if slot == 0 else [])]
+    res = load_resources(params, paths, role="train", need_bank=True, draw=seeds[0], dirs=paths.confirm_draw(seeds[0]))
+    results = {}
+    for arm in arms:
+        spec = get_arm(arm)
+        hp = job_hparams(params, spec, None, point_hparams(point, arm))
+        tags = {"stage": "confirm_train", "point": point["name"], "trial": str(point["trial"]),
+                "registration": reg["sha256"][:16]}
+        jobs = [Job(s, hp, out / arm / f"seed-{s}", tags=tags, run_name=f"confirm {point['name']} · {arm} · seed {s}",
+                    res=with_draw(paths, res, s, paths.confirm_draw(s)) if i else None,
+                    rid_key=paths.checkpoints / f"confirm-p{slot}-{arm}-seed-{s}") for i, s in enumerate(seeds)]
+        done = run_jobs(params, res, arm, jobs, ckpt_dir=paths.checkpoints / f"confirm-p{slot}-{arm}",
+                        label=f"confirm {point['name']} {arm}")
+        for s, (result, meta) in zip(seeds, done):
+            write_side(paths, f"confirm_train@{slot}-{arm}-{s}", meta)
+        results[arm] = {s: r["val_reward"] for s, (r, _) in zip(seeds, done)}
+        print(f"confirm {point['name']} {arm}: val reward "
+              + " ".join(f"{v:.3f}" for v in results[arm].values()))
+    write_json(out / "point.json", point)
+    return results

@@ -1,0 +1,71 @@
+"""Stage ``register``: ``registration/registration.json`` (:mod:`lopd.confirmation.registration`), written
+before any confirmatory read. S comes from the search's outputs (val) only; the pilot's test results size
+the design (the pilot is exploratory) and choose nothing."""
+
+from __future__ import annotations
+
+import json
+
+from lopd.config import Params
+from lopd.errors import BadInput
+from lopd.paths import Paths
+
+
+def _read(path, what: str):
+    import yaml
+
+    if not path.exists():
+        raise BadInput(f"{path} not found ({what}): run the stage that writes it first")
+    text = path.read_text()
+    return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+
+
+def run(params: Params, paths: Paths) -> dict:
+    from lopd.analysis.constraint import trial_margins
+    from lopd.analysis.falsification import Rule
+    from lopd.analysis.loading import load_evals, read_csv_rows, values
+    from lopd.arms import get_arm
+    from lopd.confirmation import registration as regmod
+    from lopd.utils import sha256_file, write_json
+
+    rp, cp = params.report, params.confirm
+    rule = Rule.from_params(rp)
+    hpo = paths.hpo
+    selection = _read(hpo / "selection.json", "the search's selection")
+    trials = read_csv_rows(hpo / "trials.csv") if (hpo / "trials.csv").exists() else []
+    margins = trial_margins(read_csv_rows(hpo / "margin_paths.csv")) if (hpo / "margin_paths.csv").exists() else None
+    baselines = _read(hpo / "baselines.yaml", "the baselines' tuning") or {}
+    frozen_lr = (baselines.get("lopd_frozen") or {}).get("lr_student")
+    points, notes = regmod.points_of_s(selection, trials, selection.get("binding"), margins, frozen_lr, len(cp.points))
+    # the pilot: the final runs' test results (exploratory), for the design only
+    evals = load_evals(paths.root)
+    names, contrasts = regmod.pilot_contrasts(rule, {a: values(evals, a) for a in rule.arms()})
+    design = regmod.design(names, contrasts, effect=cp.effect, n_seeds=len(cp.seeds), n_points=len(points),
+                           alpha=rp.alpha, power=rp.design.power, upper=rp.design.pilot_upper, n_sim=rp.design.n_sim)
+    cmanifest = _read(paths.confirm_split / "manifest.json", "the confirmatory split's manifest")
+    arms = rule.arms()
+    reg = {"rule": {"text": rp.rule.text, "treatment": rule.treatment, "gain_over": list(rule.gain_over),
+                    "content_controls": list(rule.content_controls), "rho": rule.rho, "rho_baseline": rule.rho_baseline,
+                    "alpha": rule.alpha, "primary": "the two-part rule on per-seed contrasts averaged over S with "
+                                                    "equal weights", "labels": _labels()},
+           "points": points, "notes": notes,
+           "arms": {"trained": [a for a in arms if get_arm(a).trains], "shared": [a for a in arms if not get_arm(a).trains]},
+           "seeds": list(cp.seeds), "effect": cp.effect, "design": design,
+           "confirm_split": {"manifest_sha256": sha256_file(paths.confirm_split / "manifest.json"),
+                             "sha256": cmanifest["file"]["sha256"], "n": cmanifest["file"]["n"]},
+           "inputs": {str(p.relative_to(paths.root)): sha256_file(p) for p in
+                      (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
+                      if p.exists()}}
+    reg = regmod.seal(reg)
+    write_json(paths.registration, reg)
+    print(f"registered {paths.registration.relative_to(paths.root)} sha256 {reg['sha256'][:16]}…: S = "
+          + ", ".join(f"{p['name']} trial {p['trial']} ({p['role']})" for p in points)
+          + f"; {len(cp.seeds)} seeds; power at effect {cp.effect:g}: primary "
+          + (f"{design['power_primary']:.2f}, robust {design['power_robust']:.2f}" if "why" not in design else design["why"]))
+    return reg
+
+
+def _labels() -> dict:
+    from lopd.analysis.confirmation import LABEL_TEXT
+
+    return dict(LABEL_TEXT)
