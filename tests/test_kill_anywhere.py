@@ -104,6 +104,10 @@ def _setup(root: Path, ref: Path) -> Path:
             src, dst = ref / out["path"], repo / out["path"]
             dst.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+            # DVC's .gitignore beside an output is part of its parent directory's hash, and a stage that
+            # depends on the parent (confirm_evaluate on confirm/runs) would see it changed without it
+            if (ignore := src.parent / ".gitignore").exists():
+                shutil.copy2(ignore, dst.parent / ".gitignore")
     (repo / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     # DVC checks a cached output against its cache object: link the reference's objects in (not its
     # run-cache, from which DVC would restore the killed stages instead of running them)
