@@ -129,7 +129,7 @@ def test_unknown_section_lists_sections(tmp_path, capsys, base_raw):
     line = next(ln for ln in out.splitlines() if "extra" in ln)
     allowed = set(line.split("allowed keys here:")[1].strip().split(", "))
     assert allowed == {"model", "envs", "tracking", "base", "evaluate", "bank", "cold_start", "probe", "train", "hpo",
-                       "sensitivity", "report", "launch"}
+                       "sensitivity", "report", "confirm", "launch"}
 
 
 def test_several_errors_reported_together(tmp_path, capsys, base_raw):

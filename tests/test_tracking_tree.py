@@ -405,7 +405,8 @@ _READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
     "hpo-baselines": r"baseline \w+ · (lr|β)=\S+ · seed \d+",
     "hpo-confirm": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+ · seed \d+",  # a confirmed trial's more seeds
     "sensitivity": r"sensitivity( · (margin|K|n_ret)=\S+ · seed \d+)?",
-    "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+"}
+    "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+",
+    "confirm_train": r"confirm p\d+ · \w+ · seed \d+"}  # the confirmation's runs, one name per point
 
 
 def test_smoke_pipeline_store_reads_as_one_named_tree(smoke_recorded, tmp_path):
