@@ -14,19 +14,12 @@ from lopd.analysis.falsification import CLAIM_SENTENCE, NO_CLAIM_SENTENCE, Rule
 from lopd.analysis.render import fmt, fmt_p, md_table
 from lopd.errors import BadInput
 
-REG_FILE = Path("registration") / "registration.json"
 EVAL_DIR = Path("confirm") / "eval"
 
 
-def load_confirmation(root: Path) -> tuple[dict | None, dict, list[str]]:
-    """(the registration, its hashes checked; ``by_point[point][arm][seed]`` = mean confirmatory test reward,
-    the shared arms under every point; problems: results evaluated under another registration)."""
-    from lopd.confirmation.registration import load
-
-    path = root / REG_FILE
-    if not path.exists():
-        return None, {}, []
-    reg = load(path)
+def load_confirmation(root: Path, reg: dict) -> tuple[dict, list[str]]:
+    """(``by_point[point][arm][seed]`` = mean confirmatory test reward, the shared arms under every point;
+    problems: results evaluated under another registration than ``reg``, which are not used)."""
     problems, shared, by_point = [], {}, {p["name"]: {} for p in reg["points"]}
     for f in sorted((root / EVAL_DIR).glob("*/*/seed-*/result.json")):
         r = json.loads(f.read_text())
@@ -39,14 +32,15 @@ def load_confirmation(root: Path) -> tuple[dict | None, dict, list[str]]:
         dest.setdefault(r["arm"], {})[int(r["seed"])] = float(r["test_reward"])
     for p in by_point.values():
         p.update(shared)
-    return reg, by_point, problems
+    return by_point, problems
 
 
-def confirmation(rule: Rule, root: Path) -> dict | None:
-    """Everything the report shows of the confirmation, or None when there is no registration."""
-    reg, by_point, problems = load_confirmation(root)
+def confirmation(rule: Rule, root: Path, reg: dict | None) -> dict | None:
+    """Everything the report shows of the confirmation under registration ``reg`` (already loaded and
+    checked by the report stage), or None when there is none."""
     if reg is None:
         return None
+    by_point, problems = load_confirmation(root, reg)
     out = {"registration": reg, "problems": problems, "by_point": by_point}
     if not any(by_point.values()):
         out["why"] = "no confirmatory evaluation results under confirm/eval/ (run confirm_evaluate)"

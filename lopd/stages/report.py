@@ -8,9 +8,12 @@ from lopd.paths import Paths
 
 def run(params: Params, paths: Paths) -> dict:
     from lopd.analysis.report import build_report
+    from lopd.confirmation.registration import load
     from lopd.tracking import log_report_artifacts, report_files
 
-    summary = build_report(params, paths.root)
+    # the registration, its hashes checked (an altered one stops the report); none: no confirmatory verdict
+    registration = load(paths.registration) if paths.registration.exists() else None
+    summary = build_report(params, paths.root, registration)
     # the experiment's parent MLflow run carries the report
     log_report_artifacts(params, report_files(paths.reports), root=paths.root)
     print(f"report written to {paths.reports}")
