@@ -236,3 +236,41 @@ def test_the_leakage_audit_flags_a_confirmatory_read_outside_confirm_evaluate(tm
     violations, _ = _declared_problems(_dvc_deps(tmp_path))
     assert any("`train` depends on the confirmatory split" in v for v in violations)
     assert any("`confirm_evaluate` does not depend on registration" in v for v in violations)
+
+
+def test_a_missing_run_drops_its_seed_everywhere_and_is_named():
+    rng = np.random.default_rng(4)
+    base = dict(zip(SEEDS, 0.2 + rng.normal(0, 0.005, len(SEEDS))))
+    pts = {f"p{i}": _point(0.05, rng, base) for i in range(2)}
+    del pts["p1"]["lopd_frozen"][3]
+    a = analyse_amended(RULE, pts)
+    assert 3 not in a["seeds"] and len(a["seeds"]) == len(SEEDS) - 1
+    assert a["missing"] == ["p1 lopd_frozen: seeds 3"]
+    assert all(t["n"] == len(SEEDS) - 1 for t in a["points"]["p0"]["tests"])  # dropped at p0 too: still paired
+
+
+def test_the_report_decides_with_the_registered_rule(tmp_path):
+    """params.yaml's rule edited after registration does not change the confirmatory verdict: the
+    registered rule decides, and the difference is named."""
+    from lopd.analysis.confirm_report import confirmation
+
+    rng = np.random.default_rng(5)
+    base = dict(zip(SEEDS, 0.2 + rng.normal(0, 0.005, len(SEEDS))))
+    reg = {"sha256": "h", "points": [{"name": "p0"}],
+           "rule": {"text": "registered", "treatment": "lopd", "gain_over": ["base", "lopd_frozen"],
+                    "content_controls": ["lopd_shuffled", "lopd_unrelated"], "rho": None, "rho_baseline": "base",
+                    "alpha": 0.05}}
+    pt = _point(0.05, rng, base)
+    for arm, by_seed in pt.items():
+        for s, v in by_seed.items():
+            where = "shared" if arm == "base" else "p0"
+            d = tmp_path / "confirm" / "eval" / where / arm / f"seed-{s}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "result.json").write_text(json.dumps({"point": where, "arm": arm, "seed": s, "test_reward": v,
+                                                       "registration": "h"}))
+    edited = Rule("edited", "lopd", ("base",), ("lopd_shuffled",), None, "base", 0.05)
+    conf = confirmation(edited, tmp_path, reg)
+    assert [t["name"] for t in conf["amended"]["primary"]["tests"]] == [
+        "lopd > base", "lopd > lopd_frozen", "lopd > lopd_shuffled", "lopd > lopd_unrelated"]
+    assert any("differs from the registered rule" in p for p in conf["problems"])
+    assert conf["amended"]["label"] == ROBUST

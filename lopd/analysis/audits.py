@@ -96,6 +96,10 @@ def _runtime_records(root: Path) -> list[dict]:
         cands.append((f"{p.parent.name.rpartition('-')[0]}_draw", p))  # dvc.yaml's matrix stage; the path names s
     for p in sorted((root / "confirm" / "eval").glob("*/*/seed-*/result.json")):
         cands.append((CONFIRM_STAGE, p))
+    for p in sorted((root / "runs").glob("*/seed-*/splits_read.json")):  # a training run's own record
+        cands.append(("train", p))
+    for p in sorted((root / "confirm" / "runs").glob("*/*/seed-*/splits_read.json")):
+        cands.append(("confirm_train", p))
     for p in sorted((root / "models" / "confirm_draws").glob("seed-*/bank/manifest.json")):
         cands.append(("confirm_draw", p))
     for p in (root / "hpo" / "result.json", root / "results" / "sensitivity" / "result.json"):
@@ -111,8 +115,10 @@ def _runtime_records(root: Path) -> list[dict]:
         except json.JSONDecodeError:
             recs.append({"stage": stage, "path": p, "reads": None})
             continue
-        if isinstance(d, dict) and isinstance(d.get("splits_read"), list):
-            recs.append({"stage": stage, "path": p, "reads": [r for r in d["splits_read"] if isinstance(r, dict)]})
+        if isinstance(d, dict):
+            d = d.get("splits_read")
+        if isinstance(d, list):  # a result's "splits_read" entry, or a run's splits_read.json (the list itself)
+            recs.append({"stage": stage, "path": p, "reads": [r for r in d if isinstance(r, dict)]})
     return recs
 
 

@@ -37,10 +37,18 @@ def load_confirmation(root: Path, reg: dict) -> tuple[dict, list[str]]:
 
 def confirmation(rule: Rule, root: Path, reg: dict | None) -> dict | None:
     """Everything the report shows of the confirmation under registration ``reg`` (already loaded and
-    checked by the report stage), or None when there is none."""
+    checked by the report stage), or None when there is none. The registered rule decides; ``rule`` (the
+    params' one) is only compared with it."""
     if reg is None:
         return None
     by_point, problems = load_confirmation(root, reg)
+    # the rule as registered decides, whatever params.yaml says now; a difference is named
+    r = reg["rule"]
+    registered = Rule(r["text"], r["treatment"], tuple(r["gain_over"]), tuple(r["content_controls"]), r["rho"],
+                      r["rho_baseline"], r["alpha"])
+    if registered != rule:
+        problems.append("report.rule in params.yaml differs from the registered rule: the registered rule decides")
+    rule = registered
     out = {"registration": reg, "problems": problems, "by_point": by_point}
     if not any(by_point.values()):
         out["why"] = "no confirmatory evaluation results under confirm/eval/ (run confirm_evaluate)"
@@ -80,7 +88,8 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
            f"{'holds' if v['content'] else 'fails'}. The rule holds at "
            f"{sum(am['points'][p['name']]['verdict']['claim'] for p in pts)} of {len(pts)} points.", ""]
     if am["missing"]:
-        md += ["Missing runs: " + "; ".join(am["missing"]) + ".", ""]
+        md += ["**Missing runs** (their seeds are left out at every point, so the contrasts stay paired): "
+               + "; ".join(am["missing"]) + ".", ""]
     md += [md_table(["test (average over S)", "n", "estimate", "95% CI", "one-sided p", "rejects at α"],
                     [[t["name"], str(t["n"]), f"{t['diff']:+.4f}" if t.get("diff") is not None else "n/a", _ci(t),
                       fmt_p(t["p"]) if t.get("p") is not None else "n/a", "yes" if t["reject"] else "no"]

@@ -8,8 +8,8 @@ cold-start draw shared by every point; base is shared by every point), so contra
   averaged over the points (a shared arm, base, is its own average).
 * **labels**: *robust to selection* when the primary holds and the rule holds at every point (an
   intersection–union test over points: its level is the rule's α without a correction); *point-dependent*
-  when the primary holds at fewer than every point, or fails while the rule holds at some point; *no claim*
-  otherwise.
+  when the primary holds but the rule fails at some point, or the primary fails while the rule holds at some
+  point; *no claim* otherwise.
 
 :func:`decide_amended` takes aligned arrays with leading batch axes (simulated experiments,
 :mod:`tests.test_calibration`); :func:`analyse_amended` takes the report's per-seed values and keeps each
@@ -68,13 +68,17 @@ def analyse_amended(rule: Rule, by_point: Mapping[str, Mapping[str, Mapping[int,
     registration's seeds, unless a run is missing: then ``missing`` says which).
 
     Returns ``points`` ({point: :func:`analyse`}), ``primary`` (:func:`analyse` on the averaged values),
-    ``label``, ``every``, ``some``, ``seeds`` and ``missing``."""
+    ``label``, ``every``, ``some``, ``seeds`` and ``missing`` (each (point, arm) lacking a seed some other
+    run has: that seed is left out everywhere, so the contrasts stay paired)."""
     names = list(by_point)
     if not names:
         raise ValueError("S is empty: the amended rule needs at least one point")
-    missing = [f"{p}: {a}" for p in names for a in rule.arms() if not by_point[p].get(a)]
     sets = [set(by_point[p].get(a, {})) for p in names for a in rule.arms()]
     seeds = sorted(set.intersection(*sets)) if sets else []
+    every_seed = set.union(*sets) if sets else set()
+    missing = [f"{p} {a}: " + ("no run" if not by_point[p].get(a) else
+                               "seeds " + ", ".join(map(str, sorted(every_seed - set(by_point[p][a])))))
+               for p in names for a in rule.arms() if every_seed - set(by_point[p].get(a, {}))]
     aligned = {p: {a: {s: by_point[p][a][s] for s in seeds} for a in rule.arms()} for p in names}
     points = {p: analyse(rule, aligned[p]) for p in names}
     avg = {a: {s: float(np.mean([aligned[p][a][s] for p in names])) for s in seeds} for a in rule.arms()}

@@ -26,7 +26,7 @@ def run(params: Params, paths: Paths) -> dict:
     from lopd.analysis.loading import load_evals, read_csv_rows, values
     from lopd.arms import get_arm
     from lopd.confirmation import registration as regmod
-    from lopd.utils import sha256_file, write_json
+    from lopd.utils import clean_json, sha256_file, write_json
 
     rp, cp = params.report, params.confirm
     rule = Rule.from_params(rp)
@@ -36,7 +36,17 @@ def run(params: Params, paths: Paths) -> dict:
     margins = trial_margins(read_csv_rows(hpo / "margin_paths.csv")) if (hpo / "margin_paths.csv").exists() else None
     baselines = _read(hpo / "baselines.yaml", "the baselines' tuning") or {}
     frozen_lr = (baselines.get("lopd_frozen") or {}).get("lr_student")
-    points, notes = regmod.points_of_s(selection, trials, selection.get("binding"), margins, frozen_lr, len(cp.points))
+    if len(cp.seeds) < 2:
+        raise BadInput(f"confirm.seeds has {len(cp.seeds)} seed: the rule's paired t-tests need at least 2")
+    try:
+        points, notes = regmod.points_of_s(selection, trials, selection.get("binding"), margins, frozen_lr,
+                                           len(cp.points))
+    except KeyError as e:
+        raise BadInput(f"hpo/trials.csv has no row for trial {e} that hpo/selection.json names: rerun the hpo stage "
+                       "(dvc repro -f hpo)") from None
+    if len(points) > len(cp.points):  # a binding point beside the selected one needs a second slot
+        raise BadInput(f"S has {len(points)} points (the selected one and the binding one) but confirm.points has "
+                       f"{len(cp.points)} slot(s): give it at least {len(points)}")
     # the pilot: the final runs' test results (exploratory), for the design only
     evals = load_evals(paths.root)
     names, contrasts = regmod.pilot_contrasts(rule, {a: values(evals, a) for a in rule.arms()})
@@ -56,7 +66,7 @@ def run(params: Params, paths: Paths) -> dict:
            "inputs": {str(p.relative_to(paths.root)): sha256_file(p) for p in
                       (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
                       if p.exists()}}
-    reg = regmod.seal(reg)
+    reg = regmod.seal(clean_json(reg))  # sealed as written: write_json would clean it too
     write_json(paths.registration, reg)
     print(f"registered {paths.registration.relative_to(paths.root)} sha256 {reg['sha256'][:16]}…: S = "
           + ", ".join(f"{p['name']} trial {p['trial']} ({p['role']})" for p in points)
