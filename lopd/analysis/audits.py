@@ -13,6 +13,7 @@ import yaml
 
 from lopd.analysis import power as power_mod
 from lopd.analysis import stats as st
+from lopd.analysis.confirm_report import confirm_split_audit, confirm_split_lines
 from lopd.analysis.render import arm_order, fmt, md_table, write_text
 from lopd.errors import BadInput
 from lopd.utils import content_overlap, read_json
@@ -208,25 +209,9 @@ def leakage(root: Path, runs, checked_arms) -> dict:
     if not man_path.exists():
         unverified.append("data/splits/manifest.json not found: split hashes unknown")
     warnings_ += _unselected_hparams(root, runs, checked_arms)
-    confirm = _confirm_split(root, content, violations)
+    confirm = confirm_split_audit(root, content, violations)
     return {"confirm": confirm, "manifest": manifest, "content_overlap": overlap, "dvc": dvc, "records": recs, "violations": violations, "unverified": unverified,
             "warnings": warnings_, "notes": notes, "clean": not violations and not unverified}
-
-
-def _confirm_split(root: Path, content: dict, violations: list[str]) -> dict | None:
-    """The confirmatory split's manifest: its prompt overlap with each sealed split (recomputed from the content
-    keys; must be 0) and its own audit (solutions excluded; the pilot test's solution twins of train)."""
-    path = root / "data" / "confirm" / "manifest.json"
-    if not path.exists():
-        return None
-    m = read_json(path) or {}
-    keys = set((m.get("file") or {}).get("content") or [])
-    overlap = {s: len(keys & set(v)) for s, v in content.items() if isinstance(v, list)}
-    for s, n in overlap.items():
-        if n:
-            violations.append(f"the confirmatory split shares {n} tasks with {s} by content (same prompt)")
-    return {"n": (m.get("file") or {}).get("n"), "sha256": (m.get("file") or {}).get("sha256"), "overlap": overlap,
-            "audit": m.get("audit") or {}}
 
 
 def write_leakage(out: Path, lk: dict) -> None:
@@ -260,18 +245,7 @@ def write_leakage(out: Path, lk: dict) -> None:
                   "arguments) is in train never reappears in val or test. Must be 0 everywhere.")
         md += ["", md_table(["between splits", "shared tasks"], [[k, str(v)] for k, v in ov["between"].items()]),
                "", md_table(["within split", "repeated tasks"], [[k, str(v)] for k, v in ov["within"].items()])]
-    cf = lk.get("confirm")
-    md += ["", "## The confirmatory split (data/confirm/manifest.json)", ""]
-    if cf is None:
-        md.append("Not written (no confirm_split stage output).")
-    else:
-        a = cf["audit"]
-        md += [f"{cf['n']} tasks, SHA-256 `{cf['sha256']}`. Drawn from its own candidate stream, excluding every task "
-               "whose prompt or scripted solution equals a train, val or test task's (lopd.confirmation.split). Prompt "
-               "overlap, recomputed from the content keys: " + ", ".join(f"{s} {n}" for s, n in cf["overlap"].items())
-               + f". The pilot's test split has {a.get('pilot_test_solution_twins', '?')} of {a.get('pilot_test_n', '?')} "
-               "tasks whose solution equals a train task's (a different prompt, the same actions): the leak by "
-               "solution this split closes."]
+    md += confirm_split_lines(lk.get("confirm"))
     md += ["", "## Stages: declared dependencies (dvc.yaml) and run-time reads (splits_read records)", "",
            _stage_table(lk)]
     if lk["warnings"]:

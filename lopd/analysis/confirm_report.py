@@ -13,6 +13,7 @@ from lopd.analysis.confirmation import LABEL_TEXT, analyse_amended, spec_curve_r
 from lopd.analysis.falsification import CLAIM_SENTENCE, NO_CLAIM_SENTENCE, Rule
 from lopd.analysis.render import fmt, fmt_p, md_table
 from lopd.errors import BadInput
+from lopd.utils import read_json
 
 EVAL_DIR = Path("confirm") / "eval"
 
@@ -204,3 +205,36 @@ def summary(conf: dict | None) -> dict | None:
     else:
         out["why"] = conf.get("why")
     return out
+
+
+def confirm_split_audit(root: Path, content: dict, violations: list[str]) -> dict | None:
+    """The confirmatory split's manifest: its prompt overlap with each sealed split (recomputed from the content
+    keys; must be 0) and its own audit (solutions excluded; the pilot test's solution twins of train)."""
+    path = root / "data" / "confirm" / "manifest.json"
+    if not path.exists():
+        return None
+    m = read_json(path) or {}
+    keys = set((m.get("file") or {}).get("content") or [])
+    overlap = {s: len(keys & set(v)) for s, v in content.items() if isinstance(v, list)}
+    for s, n in overlap.items():
+        if n:
+            violations.append(f"the confirmatory split shares {n} tasks with {s} by content (same prompt)")
+    return {"n": (m.get("file") or {}).get("n"), "sha256": (m.get("file") or {}).get("sha256"), "overlap": overlap,
+            "audit": m.get("audit") or {}}
+
+
+def confirm_split_lines(cf: dict | None) -> list[str]:
+    """The leakage audit's section on the confirmatory split."""
+    md: list[str] = []
+    md += ["", "## The confirmatory split (data/confirm/manifest.json)", ""]
+    if cf is None:
+        md.append("Not written (no confirm_split stage output).")
+    else:
+        a = cf["audit"]
+        md += [f"{cf['n']} tasks, SHA-256 `{cf['sha256']}`. Drawn from its own candidate stream, excluding every task "
+               "whose prompt or scripted solution equals a train, val or test task's (lopd.confirmation.split). Prompt "
+               "overlap, recomputed from the content keys: " + ", ".join(f"{s} {n}" for s, n in cf["overlap"].items())
+               + f". The pilot's test split has {a.get('pilot_test_solution_twins', '?')} of {a.get('pilot_test_n', '?')} "
+               "tasks whose solution equals a train task's (a different prompt, the same actions): the leak by "
+               "solution this split closes."]
+    return md
