@@ -114,19 +114,33 @@ def write_splits(out_dir: Path, splits: dict[str, list[Task]], worlds: dict | No
     return manifest
 
 
+def read_manifest(path: Path, what: str, first: str) -> dict:
+    """A split's ``manifest.json``; a clear error when it is missing (``first``: what writes it) or corrupt."""
+    if not path.exists():
+        raise BadInput(f"{what} manifest not found: {path} ({first})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{what} manifest {path} is corrupt: {e}") from None
+
+
+def read_verified_tasks(root: Path, entry: dict, what: str, rerun: str) -> tuple[list[Task], str]:
+    """The tasks of a manifest ``entry``'s file (``path``, ``sha256``) once its SHA-256 matches, and the digest."""
+    digest = verify_files(root, {entry["path"]: entry["sha256"]}, lambda p, got: (
+        f"{what} file missing: {p}" if got is None else
+        f"{what} file {p} is corrupt: sha256 {got[:12]}… does not match the manifest's "
+        f"{entry['sha256'][:12]}… ({rerun})"))[entry["path"]]
+    lines = (root / entry["path"]).read_text().splitlines()
+    return [Task.from_json(json.loads(line)) for line in lines if line.strip()], digest
+
+
 class SplitReader:
     """Reads sealed splits for one stage role. Only ``role='evaluate'`` may read ``test``."""
 
     def __init__(self, root: str | Path, role: Role):
         self.root = Path(root)
         self.role = role
-        mpath = self.root / "manifest.json"
-        if not mpath.exists():
-            raise BadInput(f"split manifest not found: {mpath} (run the prepare stage first)")
-        try:
-            self.manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise BadInput(f"split manifest {mpath} is corrupt: {e}") from None
+        self.manifest = read_manifest(self.root / "manifest.json", "split", "run the prepare stage first")
 
     def load(self, split: str) -> list[Task]:
         if split not in SPLITS:
@@ -142,12 +156,7 @@ class SplitReader:
         entry = files.get(split)
         if entry is None:
             raise BadInput(f"split {split!r} missing from manifest {self.root / 'manifest.json'}")
-        path = self.root / entry["path"]
-        digest = verify_files(self.root, {entry["path"]: entry["sha256"]}, lambda p, got: (
-            f"split file missing: {p}" if got is None else
-            f"split file {p} is corrupt: sha256 {got[:12]}… does not match the manifest's "
-            f"{entry['sha256'][:12]}… (rerun prepare: dvc repro -f prepare)"))[entry["path"]]
-        tasks = [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        tasks, digest = read_verified_tasks(self.root, entry, "split", "rerun prepare: dvc repro -f prepare")
         self._check_worlds(split, tasks)
         ACCESS_LOG.append({"split": split, "role": self.role, "sha256": digest})
         return tasks

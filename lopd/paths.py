@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 NOT_RUN = "not_run.json"
+REGISTRATION_MARKER = "registration.json"  # beside confirmatory runs: the registration they were trained under
 
 
 @dataclass(frozen=True)

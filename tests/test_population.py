@@ -4,8 +4,9 @@ Each arm's member (seed 3) is trained alone, by the plain :class:`~lopd.training
 and as member 2 of a population of five whose other members differ (other seeds; for LOPD also
 other m, K, n_ret and learning rates, so the padded latent contexts differ in width). Alone, its
 rollouts run through the lean decoder and its passes through peft's own LoRA layers; in the
-population, through the member-routed layers over a batch of five members' rows: different kernel
-paths, so the agreement is to tolerances, on any x86-64 CPU:
+population, its rollouts through the lean decoder's member-routed maps and its passes through the
+member-routed layers, over a batch of five members' rows: different kernel paths, so the agreement is
+to tolerances, on any x86-64 CPU:
 
 * its first step's sampled tokens are identical;
 * its per-step losses over the first 8 steps agree to 1e-5;

@@ -126,7 +126,7 @@ def design_lines(reg: dict) -> list[str]:
         return md + [f"Not computed: {d['why']}.", ""]
 
     def need(x):
-        return f"more than {200}" if x is None else str(x)
+        return f"more than {d.get('max_n', 200)}" if x is None else str(x)
 
     md += [f"From the pilot's per-seed contrasts of the rule ({d['pilot_n']} seeds), covariance inflated to its "
            f"{d['upper']:.0%} upper bound (variances × {d['factor']:.2f}), every contrast at the registered smallest "

@@ -50,20 +50,24 @@ def tuner_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
 
 
-def lora_linear(mod: nn.Module) -> tuple[nn.Linear, list[tuple]] | None:
+def lora_linear(mod: nn.Module, adapters: list[str] | None = None) -> tuple[nn.Linear, list[tuple]] | None:
     """A peft LoRA wrapper of a plain ``nn.Linear`` as ``(base, [(A, B, scaling) per active adapter])``,
     its output being ``base(x) + Σ B·(A·x)·scaling``; ``[]`` when the adapters are disabled. None for
     anything else: not a LoRA layer, a merged or transposed one, DoRA or another variant, dropout,
-    biased LoRA factors."""
+    biased LoRA factors. ``adapters``: the factors of these adapters, in this order, whichever is
+    active (a population's members, each row routed through one of them); None if one is missing or
+    the adapters are disabled."""
     base = getattr(mod, "base_layer", None)
     if type(base) is not nn.Linear or not hasattr(mod, "lora_A") or getattr(mod, "merged", True):
         return None
     if getattr(mod, "fan_in_fan_out", False):
         return None
+    if adapters is not None and (mod.disable_adapters or any(n not in mod.lora_A for n in adapters)):
+        return None
     if mod.disable_adapters:
         return base, []
     lora = []
-    for name in mod.active_adapters:
+    for name in (mod.active_adapters if adapters is None else adapters):
         if name not in mod.lora_A:
             continue
         if name in getattr(mod, "lora_variant", {}) or type(mod.lora_dropout[name]) is not nn.Identity:

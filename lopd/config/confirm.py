@@ -12,7 +12,7 @@ class ConfirmParams(Section):
     fresh seeds, evaluated on the confirmatory split."""
 
     points: DistinctList[int, Bound(ge=0)] = Field(description=(
-        "the slots of S (stages confirm_train@p<i>): 0, 1, ..., cap - 1. S = the selected trial, the trials tied "
+        "the slots of S (stages confirm_train@<slot>, slot i running point p<i>): 0, 1, ..., cap - 1. S = the selected trial, the trials tied "
         "with it by seed, the best trial whose margin binds; distinct points, at most this many, by val rank"))
     seeds: DistinctList[int, Bound(ge=0)] = Field(description=(
         "fresh training seeds of every arm at every point (none a seed of train.seeds or train.extra_seeds); "

@@ -1,7 +1,7 @@
 """``registration.json``: what the confirmation tests, fixed before its split is read.
 
 The ``register`` stage writes it from val-only artifacts (the search: ``hpo/selection.json``,
-``hpo/trials.csv``, ``hpo/margin_paths.csv``, ``hpo/best_params.yaml``, ``hpo/baselines.yaml``) and the
+``hpo/trials.csv``, ``hpo/margin_paths.csv``, ``hpo/baselines.yaml``) and the
 pilot's test results (allowed: the pilot is exploratory; they size the design, they never choose a point):
 
 * the rule (``report.rule``), its primary form and labels (:mod:`lopd.analysis.confirmation`);
@@ -138,6 +138,7 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
     from scipy import stats
 
     from lopd.analysis.power import joint_power, joint_seeds_needed
+    from lopd.analysis.stats import min_sign_flip_p
 
     n = contrasts.shape[0]
     if n < 3:
@@ -150,12 +151,13 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
     out = {"pilot_n": n, "tests": names, "sd": np.sqrt(np.diag(cov)).tolist(),
            "sd_upper": np.sqrt(np.diag(cov_u)).tolist(), "factor": factor, "upper": upper, "effect": float(effect),
            "n_seeds": n_seeds, "n_points": n_points, "alpha": alpha, "power_target": power, "n_sim": n_sim,
+           "max_n": max_n,
            "power_primary": joint_power(mean, cov_u, n_seeds, alpha=alpha, n_sim=n_sim),
            "power_robust": _robust_power(mean, cov_u, n_seeds, n_points, alpha, n_sim),
            "seeds_needed_primary": joint_seeds_needed(mean, cov_u, alpha=alpha, power=power, max_n=max_n)}
     robust_n = None
     if _robust_power(mean, cov_u, max_n, n_points, alpha, n_sim) >= power:
-        lo, hi = 2, max_n
+        lo, hi = next(n for n in range(2, 64) if min_sign_flip_p(n) < alpha), max_n  # the floor, as for the primary
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if _robust_power(mean, cov_u, mid, n_points, alpha, n_sim) >= power else (mid + 1, hi)

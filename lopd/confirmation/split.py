@@ -25,7 +25,7 @@ from lopd import data as data_mod
 from lopd.envs import make_env
 from lopd.envs.base import Task
 from lopd.errors import BadInput, SplitAccessError
-from lopd.utils import atomic_write_text, hash_files, verify_files, write_manifest
+from lopd.utils import atomic_write_text, hash_files, write_manifest
 
 SPLIT = "confirm"
 ROLE = "confirm_evaluate"
@@ -111,22 +111,14 @@ class ConfirmReader:
         if role != ROLE:
             raise SplitAccessError(f"the confirmatory split is sealed: stage role {role!r} may not read it; only the "
                                    f"{ROLE!r} stage may, after the register stage wrote registration.json")
-        mpath = self.root / "manifest.json"
-        if not mpath.exists():
-            raise BadInput(f"confirmatory split manifest not found: {mpath} (run the confirm_split stage first)")
-        try:
-            self.manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise BadInput(f"confirmatory split manifest {mpath} is corrupt: {e}") from None
+        self.manifest = data_mod.read_manifest(self.root / "manifest.json", "confirmatory split",
+                                               "run the confirm_split stage first")
 
     def load(self) -> list[Task]:
         entry = self.manifest.get("file") if isinstance(self.manifest, dict) else None
         if not isinstance(entry, dict) or "sha256" not in entry:
             raise BadInput(f"confirmatory split manifest {self.root / 'manifest.json'} is corrupt: no 'file' entry")
-        digest = verify_files(self.root, {entry["path"]: entry["sha256"]}, lambda p, got: (
-            f"confirmatory split file missing: {p}" if got is None else
-            f"confirmatory split file {p} is corrupt: sha256 {got[:12]}… does not match its manifest "
-            "(rerun confirm_split: dvc repro -f confirm_split)"))[entry["path"]]
-        tasks = [Task.from_json(json.loads(x)) for x in (self.root / entry["path"]).read_text().splitlines() if x.strip()]
+        tasks, digest = data_mod.read_verified_tasks(self.root, entry, "confirmatory split",
+                                                     "rerun confirm_split: dvc repro -f confirm_split")
         data_mod.ACCESS_LOG.append({"split": SPLIT, "role": self.role, "sha256": digest})
         return tasks

@@ -17,7 +17,7 @@ from collections import defaultdict
 from lopd.envs import make_env
 from lopd.envs.base import Task
 from lopd.errors import BadInput
-from lopd.engine.rollout import Rollout, rollout_batch
+from lopd.engine.rollout import Rollout, RowMembers, rollout_batch
 from lopd.engine.sampling import derive_seed
 
 
@@ -47,14 +47,17 @@ def evaluate_policy(model, fmt, envs: dict, tasks: list[Task], *, max_new_tokens
 
 def evaluate_members(model, fmt, envs: dict, tasks: list[Task], *, seeds: list[int], max_new_tokens: int,
                      max_len: int, batch_size: int = 64, greedy: bool = True, temperature: float = 1.0,
-                     samples_per_task: int = 1, route=None, progress=None) -> list[dict]:
+                     samples_per_task: int = 1, route=None, adapters: list[str] | None = None,
+                     progress=None) -> list[dict]:
     """:func:`evaluate_policy` of several policies at once, one per entry of ``seeds`` (member ``i``
     evaluated with seed ``seeds[i]``), their rollouts batched together ``batch_size`` rows at a time.
 
     ``route(members)``, for policies that share ``model`` (population members,
     :mod:`lopd.model.members`), is a context manager around each batch, given each row's member; it
-    yields the ``on_rows`` callback that routes the engine's rows (then the Hugging Face forward
-    runs). Without ``route`` there is one policy (``model`` as it is). Returns one summary per member.
+    yields the ``on_rows`` callback that routes the engine's rows through the Hugging Face forward;
+    ``adapters`` (member ``i``'s adapter name) lets the lean decoder route them instead
+    (:class:`~lopd.engine.rollout.RowMembers`). Without ``route`` there is one policy (``model`` as it
+    is). Returns one summary per member.
     """
     from contextlib import nullcontext
 
@@ -71,11 +74,15 @@ def evaluate_members(model, fmt, envs: dict, tasks: list[Task], *, seeds: list[i
     rollouts: list[Rollout] = []
     for at in range(0, len(jobs), batch_size):
         chunk = jobs[at:at + batch_size]
-        with (route([i for i, _, _ in chunk]) if route is not None else nullcontext()) as on_rows:
+        owner = [i for i, _, _ in chunk]
+        with (route(owner) if route is not None else nullcontext()) as on_rows:
+            routed = {}
+            if on_rows is not None:
+                routed = ({"on_rows": on_rows, "members": RowMembers(adapters, owner)} if adapters is not None
+                          else {"engine": "hf", "on_rows": on_rows})
             rollouts += rollout_batch(model, fmt, envs, [t for _, t, _ in chunk], max_new_tokens=max_new_tokens,
                                       max_len=max_len, greedy=greedy, temperature=temperature,
-                                      seeds=[sample_seed(seeds[i], t.task_id, k) for i, t, k in chunk],
-                                      **({"engine": "hf", "on_rows": on_rows} if on_rows is not None else {}))
+                                      seeds=[sample_seed(seeds[i], t.task_id, k) for i, t, k in chunk], **routed)
         if progress is not None:
             progress()
     if was_training:

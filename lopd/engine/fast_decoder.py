@@ -24,14 +24,13 @@ caller then uses the Hugging Face forward.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lopd.compat import peft as compat_peft
+from lopd.engine.fused_linear import Fused, Linear, linear
 
 FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 # Fusing copies the layers' weights once per rollout batch. Worth it only for small models, whose
@@ -41,86 +40,16 @@ FUSE_MAX_PARAMS = 50_000_000
 
 
 @dataclass
-class _Linear:
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    lora: list[tuple[torch.Tensor, torch.Tensor, float]]  # (A, B, scaling) of each active adapter
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        for a, b, s in self.lora:
-            y = y + F.linear(F.linear(x.to(a.dtype), a), b) * s
-        return y.to(self.weight.dtype) if self.lora else y
-
-
-def _linear(mod: nn.Module) -> _Linear | None:
-    """The computation of a plain ``nn.Linear`` or of a peft LoRA ``Linear`` wrapper, or None."""
-    if type(mod) is nn.Linear:
-        return _Linear(mod.weight, mod.bias, [])
-    lora = compat_peft.lora_linear(mod)
-    if lora is None:
-        return None
-    base, adapters = lora
-    return _Linear(base.weight, base.bias, adapters)
-
-
-@dataclass
-class _Fused:
-    """Linear maps of one input run as one: ``y = x [W_1; …; W_n]ᵀ (+ b)``, split back into
-    the maps' outputs (column blocks of ``y``), each plus its LoRA terms ``s · (x Aᵀ) Bᵀ``;
-    the A of every adapter of the group run as one matmul too (``h = x [A_1; …]ᵀ``, each B on its
-    block of ``h``). Every output element is the same dot product as in the separate maps —
-    on CPU bit-identical (``tests/test_rollout_engine.py``). ``s`` is folded into B when it is a
-    power of two (exact in binary floating point); else it is applied as peft does."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    sizes: list[int]  # output width of each map
-    a: torch.Tensor | None  # the adapters' A stacked (Σr, in)
-    lora: list[tuple[int, int, int, torch.Tensor, float | None]]  # (map, h from, h to, B, s or None if folded)
-
-    @classmethod
-    def of(cls, maps: list[_Linear]) -> "_Fused | None":
-        """The fused group, or None where fusing could change the arithmetic (mixed dtypes,
-        some maps with a bias and some without, adapters in another dtype than the weights)."""
-        dtypes = {m.weight.dtype for m in maps} | {t.dtype for m in maps for a, b, _ in m.lora for t in (a, b)}
-        if len(dtypes) > 1 or len({m.bias is None for m in maps}) > 1:
-            return None
-        cat = (lambda ts: ts[0]) if len(maps) == 1 else torch.cat  # one map: its own tensors, no copy
-        bias = None if maps[0].bias is None else cat([m.bias for m in maps])
-        lora, a_rows, r = [], [], 0
-        for j, m in enumerate(maps):
-            for a, b, s in m.lora:
-                exact = float(s) > 0 and math.frexp(float(s))[0] == 0.5  # a power of two
-                lora.append((j, r, r + a.shape[0], b * s if exact else b, None if exact else s))
-                a_rows.append(a)
-                r += a.shape[0]
-        a = (a_rows[0] if len(a_rows) == 1 else torch.cat(a_rows)) if a_rows else None
-        return cls(cat([m.weight for m in maps]), bias, [m.weight.shape[0] for m in maps], a, lora)
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """``(y, [y_1, …, y_n])``: the whole output (N, Σ sizes) and its blocks (views of ``y``)."""
-        y = F.linear(x, self.weight, self.bias)
-        parts = list(y.split(self.sizes, -1))
-        if self.a is not None:
-            h = F.linear(x, self.a)
-            for j, r0, r1, b, s in self.lora:
-                lo = F.linear(h[..., r0:r1], b)
-                parts[j].add_(lo if s is None else lo * s)  # in place: y's block is updated too
-        return y, parts
-
-
-@dataclass
 class _PackedLayer:
     """A decoder layer's weights as the packed forward uses them: q, k, v as one map, gate and
     up as one; q- and k-norm weights stacked per head so that both are normalised at once."""
 
     norm_in: tuple
     norm_post: tuple
-    qkv: _Fused
-    o: _Fused
-    gate_up: _Fused
-    down: _Fused
+    qkv: Fused
+    o: Fused
+    gate_up: Fused
+    down: Fused
     qk_norm: tuple | None  # (weight (heads + kv_heads, head_dim), eps)
     act: object
     heads: int
@@ -130,10 +59,10 @@ class _PackedLayer:
     attn: nn.Module
 
     @classmethod
-    def of(cls, ly: "_Layer") -> "_PackedLayer | None":
+    def of(cls, ly: "_Layer", members: int = 1) -> "_PackedLayer | None":
         d = ly.attn.head_dim
         heads, kv_heads = ly.q.weight.shape[0] // d, ly.k.weight.shape[0] // d
-        groups = [_Fused.of(m) for m in ([ly.q, ly.k, ly.v], [ly.o], [ly.gate, ly.up], [ly.down])]
+        groups = [Fused.of(m, members) for m in ([ly.q, ly.k, ly.v], [ly.o], [ly.gate, ly.up], [ly.down])]
         if any(g is None for g in groups):
             return None
         qk_norm = None
@@ -187,27 +116,31 @@ class _Layer:
     attn: nn.Module  # the attention module: head_dim, scaling, num_key_value_groups for SDPA
     norm_in: tuple
     norm_post: tuple
-    q: _Linear
-    k: _Linear
-    v: _Linear
-    o: _Linear
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
     q_norm: tuple | None
     k_norm: tuple | None
-    gate: _Linear
-    up: _Linear
-    down: _Linear
+    gate: Linear
+    up: Linear
+    down: Linear
     act: object
 
 
 class FastDecoder:
-    def __init__(self, backbone: nn.Module, lm_head: _Linear, layers: list[_Layer]):
+    def __init__(self, backbone: nn.Module, lm_head: Linear, layers: list[_Layer]):
         self.backbone, self.lm_head, self.layers = backbone, lm_head, layers
         self.fused: list[_PackedLayer] | None = None  # set by build() where the maps can be fused
         self._rotary_table: torch.Tensor | None = None  # (positions, 2, head_dim): cos, signed sin
+        self.members = 1  # > 1: the packed forward routes each token through its member's adapters
 
     @classmethod
-    def build(cls, model: nn.Module) -> "FastDecoder | None":
-        """A decoder over ``model``'s current weights and adapter state, or None if unsupported."""
+    def build(cls, model: nn.Module, members: list[str] | None = None) -> "FastDecoder | None":
+        """A decoder over ``model``'s current weights and adapter state, or None if unsupported.
+        ``members``: a population's adapters, one per member (:mod:`lopd.model.members`); the
+        decoder's :meth:`packed` then runs each token through its member's adapter (fused maps
+        only: None where they cannot be fused, or where the LM head has an adapter)."""
         lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = getattr(lm, "config", None)
         if cfg is None or getattr(cfg, "model_type", None) not in FAMILY or lm.training:
@@ -216,25 +149,30 @@ class FastDecoder:
 
         if compat_transformers.attn_implementation(cfg) != "sdpa" or any(t != "full_attention" for t in getattr(cfg, "layer_types", [])):
             return None
-        backbone, head = getattr(lm, "model", None), _linear(getattr(lm, "lm_head", None))
+        backbone, head = getattr(lm, "model", None), linear(getattr(lm, "lm_head", None))
         if backbone is None or head is None or not hasattr(backbone, "rotary_emb"):
             return None
-        layers = [cls._layer(block) for block in backbone.layers[: cfg.num_hidden_layers]]
+        layers = [cls._layer(block, members) for block in backbone.layers[: cfg.num_hidden_layers]]
         norm = _rms_norm(backbone.norm)
-        if any(x is None for x in layers) or norm is None:
+        if any(x is None for x in layers) or norm is None or (members and head.lora):
             return None
         dec = cls(backbone, head, layers)
-        dec.norm = norm
+        dec.norm, S = norm, len(members or [None])
         n_params = sum(m.weight.numel() for ly in layers for m in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up, ly.down))
-        fused = [_PackedLayer.of(ly) for ly in layers] if n_params <= FUSE_MAX_PARAMS else [None]
+        fused = [_PackedLayer.of(ly, S) for ly in layers] if n_params <= FUSE_MAX_PARAMS else [None]
         dec.fused = None if any(f is None for f in fused) else fused
+        if members:
+            if dec.fused is None:
+                return None
+            dec.members = S
         return dec
 
     @staticmethod
-    def _layer(block: nn.Module) -> _Layer | None:
+    def _layer(block: nn.Module, members: list[str] | None = None) -> _Layer | None:
         attn, mlp = block.self_attn, block.mlp
-        parts = dict(q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj), o=_linear(attn.o_proj),
-                     gate=_linear(mlp.gate_proj), up=_linear(mlp.up_proj), down=_linear(mlp.down_proj),
+        lin = lambda mod: linear(mod, members)  # noqa: E731
+        parts = dict(q=lin(attn.q_proj), k=lin(attn.k_proj), v=lin(attn.v_proj), o=lin(attn.o_proj),
+                     gate=lin(mlp.gate_proj), up=lin(mlp.up_proj), down=lin(mlp.down_proj),
                      norm_in=_rms_norm(block.input_layernorm), norm_post=_rms_norm(block.post_attention_layernorm))
         if any(v is None for v in parts.values()) or getattr(attn, "sliding_window", None):
             return None
@@ -248,6 +186,8 @@ class FastDecoder:
         """Logits (B, V) at the last column of ``ids`` (B, L); ``cache`` is updated in place."""
         from lopd.compat import transformers as compat_transformers
 
+        if self.members > 1:
+            raise ValueError("a decoder built for members runs only packed")
         h = self.backbone.embed_tokens(ids)
         cos, sin = self.backbone.rotary_emb(h, pos)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -272,10 +212,11 @@ class FastDecoder:
     def kv_heads(self) -> int:
         return self.layers[0].k.weight.shape[0] // self.layers[0].attn.head_dim
 
-    def packed(self, ids: torch.Tensor, plan, cache) -> torch.Tensor:
+    def packed(self, ids: torch.Tensor, plan, cache, member_of_token: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, V) at each row's last token, from the rows' real tokens ``ids`` (N,) packed
         in row order (``plan``: :meth:`~lopd.engine.kv_cache.RaggedKVCache.packed`); no padding is
         computed. The last layer needs only the rows' last tokens past its keys and values.
+        A decoder built for members needs ``member_of_token`` (N,): each token's member.
 
         Per layer this is a handful of operations: q, k and v as one matmul (their adapters' A
         as one more), q- and k-norm over the stacked heads in one call, rotary from a table
@@ -286,6 +227,11 @@ class FastDecoder:
         models whose maps cannot be fused that way (mixed dtypes) run :meth:`packed_unfused`."""
         if self.fused is None:
             return self.packed_unfused(ids, plan, cache)
+        m = None
+        if self.members > 1:
+            if member_of_token is None or member_of_token.shape != ids.shape:
+                raise ValueError("a decoder built for members needs each token's member")
+            m = F.one_hot(member_of_token, self.members).to(self.fused[0].qkv.weight.dtype)[:, :, None]
         h = self.backbone.embed_tokens(ids)
         cos, sin = self._rotary(plan.pos, cache.capacity + 1, h)
         decoding = plan.ext_rows is None  # one token per row: packed index = row
@@ -293,7 +239,7 @@ class FastDecoder:
         for i, ly in enumerate(self.fused):
             x = _norm(h, ly.norm_in)
             n, d = ids.shape[0], ly.head_dim
-            y, (q, k, v) = ly.qkv(x)
+            y, (q, k, v) = ly.qkv(x, m)
             qk = y[:, : q.shape[1] + k.shape[1]].view(n, ly.heads + ly.kv_heads, d)  # q and k heads, side by side
             if ly.qk_norm is not None:
                 qk = _norm(qk, ly.qk_norm)
@@ -306,12 +252,13 @@ class FastDecoder:
             if i == n_layers - 1:
                 if not decoding:
                     h = h.index_select(0, plan.last)  # only the last tokens' logits are wanted
+                    m = None if m is None else m.index_select(0, plan.last)
             elif not decoding:
                 a = self._attend_all(ly, q, keys, values, a.view(-1, 1, ly.heads, d), plan).reshape(n, -1)
-            h = h + ly.o(a)[0]
+            h = h + ly.o(a, m)[0]
             x = _norm(h, ly.norm_post)
-            _, (g, u) = ly.gate_up(x)
-            h = h + ly.down(ly.act(g) * u)[0]
+            _, (g, u) = ly.gate_up(x, m)
+            h = h + ly.down(ly.act(g) * u, m)[0]
         return self.lm_head(_norm(h, self.norm))
 
     def _rotary(self, pos: torch.Tensor, length: int, like: torch.Tensor):

@@ -56,6 +56,15 @@ class Rollout:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RowMembers:
+    """A population's rollout batch: each member's adapter (for the role being rolled out) and
+    each task row's member (:mod:`lopd.model.members`)."""
+
+    adapters: list[str]
+    of_row: list[int]
+
+
 @dataclass
 class _Row:
     """One episode in flight: its tokens so far, how many of them the cache holds (``fed``),
@@ -125,13 +134,18 @@ def _append_forced(row: _Row, fmt: ChatFormat, obs_ids, max_len: int, max_new_to
 
 
 def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id: int, device, cache_kw: str,
-             fast: FastDecoder | None) -> torch.Tensor:
+             fast: FastDecoder | None, member_of_chunk: list[int] | None = None) -> torch.Tensor:
     """Logits (B, V) at the last token of each row's chunk: packed without padding for the lean
-    forward, else left-padded into one batch for the Hugging Face forward."""
+    forward (each token routed through its row's member, ``member_of_chunk``, where the decoder
+    routes members), else left-padded into one batch for the Hugging Face forward."""
     if fast is not None:
         plan = cache.packed([len(c) for c in chunks], fast.kv_heads)
         ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device)
-        logits = fast.packed(ids, plan, cache)
+        tok_member = None
+        if member_of_chunk is not None:
+            tok_member = torch.tensor([mb for mb, c in zip(member_of_chunk, chunks) for _ in c], dtype=torch.long,
+                                      device=device)
+        logits = fast.packed(ids, plan, cache, tok_member)
         cache.commit()
         return logits.float()
     width = max(len(c) for c in chunks)
@@ -150,7 +164,7 @@ def _forward(model, chunks: list[list[int]], cache: RaggedKVCache | None, pad_id
 def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_new_tokens: int, max_len: int,
                   greedy: bool = False, temperature: float = 1.0, generator: torch.Generator | None = None,
                   use_cache: bool = True, seeds: list[int] | None = None, engine: str = "auto",
-                  cpu_threads: int | None = 1, on_rows=None) -> list[Rollout]:
+                  cpu_threads: int | None = 1, on_rows=None, members: RowMembers | None = None) -> list[Rollout]:
     """Roll the policy ``model`` out on ``tasks`` (one episode each, at most ``max_len`` tokens,
     at most ``max_new_tokens`` policy tokens per turn).
 
@@ -168,13 +182,18 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     is left to the sandboxed programs being scored meanwhile.
     ``on_rows(rows)``, if given, is called before every forward pass with the indices (into
     ``tasks``) of the rows it runs, in batch order: a population of members
-    (:mod:`lopd.model.members`) routes each row through its own member's adapter with it.
+    (:mod:`lopd.model.members`) routes each row through its own member's adapter with it, in the
+    Hugging Face forward. ``members`` (with ``on_rows``): the same routing for the lean decoder,
+    which reads every member's adapter itself and routes each token (``engine="auto"``; the
+    Hugging Face forward with ``on_rows`` where the lean decoder does not support the model).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; known: {ENGINES}")
-    if on_rows is not None and engine != "hf":
+    if on_rows is not None and engine != "hf" and members is None:
         raise ValueError("on_rows routes rows through the model's own modules: it needs engine='hf' (the lean "
-                         "decoder reads the weights directly)")
+                         "decoder reads the weights directly) or the rows' members")
+    if members is not None and (on_rows is None or len(members.of_row) != len(tasks)):
+        raise ValueError("members need on_rows (the fallback's routing) and one member per task")
     if not tasks:
         return []
     if seeds is not None and len(seeds) != len(tasks):
@@ -187,14 +206,15 @@ def rollout_batch(model, fmt: ChatFormat, envs: dict, tasks: list[Task], *, max_
     with ThreadPoolExecutor(max_workers=SCORING_WORKERS) as pool, _intra_op_threads(model, cpu_threads):
         scores: dict[int, float | Future] = {}
         _decode(model, fmt, rows, scores, pool, max_new_tokens=max_new_tokens, max_len=max_len, greedy=greedy,
-                temperature=temperature, use_cache=use_cache, engine=engine, on_rows=on_rows)
+                temperature=temperature, use_cache=use_cache, engine=engine, on_rows=on_rows, members=members)
         rewards = [float(scores[i].result() if isinstance(scores[i], Future) else scores[i]) for i in range(len(rows))]
     return [Rollout(task=r.task, messages=r.msgs, ids=r.seq, gen_mask=r.gmask, reward=rewards[i],
                     n_generated=r.n_gen, finished=r.done) for i, r in enumerate(rows)]
 
 
 def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: ThreadPoolExecutor, *, max_new_tokens: int,
-            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str, on_rows=None) -> None:
+            max_len: int, greedy: bool, temperature: float, use_cache: bool, engine: str, on_rows=None,
+            members: RowMembers | None = None) -> None:
     """Run every row to its end. A finished row is scored at once into ``scores[i]``: in a
     ``pool`` thread when its reward runs a sandboxed program (concurrently with decoding),
     inline otherwise (cheaper than a thread hand-off)."""
@@ -213,12 +233,13 @@ def _decode(model, fmt: ChatFormat, rows: list[_Row], scores: dict, pool: Thread
     # each live row's seed hashed once (its draws then absorb only the position): lives with ``live``
     states = seed_states(torch.tensor([rows[i].seed for i in live], dtype=torch.long, device=device))
     cache_kw = cache_kwarg(model)
-    fast = FastDecoder.build(model) if cache is not None and engine == "auto" else None
+    fast = FastDecoder.build(model, members and members.adapters) if cache is not None and engine == "auto" else None
     while live:
         chunks = [rows[i].seq[rows[i].fed:] if use_cache else rows[i].seq for i in live]
-        if on_rows is not None:
+        if on_rows is not None and fast is None:
             on_rows(live)
-        logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast)
+        logits = _forward(model, chunks, cache, fmt.pad_id, device, cache_kw, fast,
+                          [members.of_row[i] for i in live] if members is not None and fast is not None else None)
         positions = torch.tensor([len(rows[i].seq) for i in live], dtype=torch.long, device=device)
         tokens = choose_tokens(logits, greedy=greedy, temperature=temperature, positions=positions,
                                states=states).tolist()

@@ -7,8 +7,10 @@ composer, its optimisers and their clipping, β and the anchor, its random strea
 rollout seeds), its history. What the population adds is that one step runs
 
 1. one rollout batch over every member's tasks, row ``n`` through its member's student adapter
-   (:mod:`lopd.model.members`; each row's tokens are drawn from the counter-based stream keyed by
-   the seeds its member drew, as alone);
+   (the lean decoder reads every member's adapter and routes each token, :mod:`lopd.engine.fused_linear`;
+   the Hugging Face forward routed by :mod:`lopd.model.members` where the lean decoder does not cover the
+   model; each row's tokens are drawn from the counter-based stream keyed by the seeds its member drew,
+   as alone);
 2. one student forward over every member's rollouts; for the distillation arms one composer
    forward over every member's retrieved experiences (each member's block then compresses its own
    rows, at its own K) and one teacher forward over every rollout given its member's context
@@ -38,11 +40,12 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lopd.engine.evaluation import evaluate_members
-from lopd.engine.rollout import rollout_batch
+from lopd.engine.rollout import RowMembers, rollout_batch
 from lopd.engine.sampling import seeds_from_generator
 from lopd.errors import BadInput
 from lopd.faults import kill_point
 from lopd.model.composer import encode_distinct
+from lopd.model.members import adapter_name
 from lopd.training.checkpoint import (load_checkpoint, load_trainer_state, prefixed, save_checkpoint,
                                       trainer_state, trainer_tensors)
 from lopd.training.loop import fit as run_loop
@@ -130,6 +133,9 @@ class Population:
                 routing.set_rows(owner[torch.tensor(live, dtype=torch.long)])
             yield on_rows
 
+    def _student_adapters(self) -> list[str]:
+        return [adapter_name("student", i) for i in range(self.n)]
+
     def _rollouts(self) -> list[dict]:
         """Every member's batch of the step, from one rollout batch."""
         trs, bb, hp = self.trainers, self.bb, self.hp
@@ -137,10 +143,12 @@ class Population:
         seeds = [s for tr, ts in zip(trs, tasks) for s in seeds_from_generator(len(ts), tr.gen)]
         bb.mode("student")
         bb.model.eval()
-        with self._route([i for i, ts in enumerate(tasks) for _ in ts]) as on_rows:
+        owner = [i for i, ts in enumerate(tasks) for _ in ts]
+        with self._route(owner) as on_rows:
             rollouts = rollout_batch(bb.model, bb.fmt, self.res.envs, [t for ts in tasks for t in ts],
                                      max_new_tokens=hp.max_new_tokens, max_len=hp.max_len, greedy=False,
-                                     temperature=hp.temperature, seeds=seeds, engine="hf", on_rows=on_rows)
+                                     temperature=hp.temperature, seeds=seeds, on_rows=on_rows,
+                                     members=RowMembers(self._student_adapters(), owner))
         bb.model.train()
         batches, at = [], 0
         for tr, ts in zip(trs, tasks):
@@ -158,7 +166,7 @@ class Population:
                                    seeds=[tr.validation_seed() for tr in trs], max_new_tokens=hp.max_new_tokens,
                                    max_len=hp.max_len, batch_size=ev.batch_size * self.n, greedy=ev.greedy,
                                    temperature=ev.temperature, samples_per_task=hp.val_samples_per_task,
-                                   route=self._route)
+                                   route=self._route, adapters=self._student_adapters())
         return [tr.took_validation(tasks, r) for tr, r in zip(trs, results)]
 
     def _passes(self, batches: list[dict]) -> list[MemberPasses]:

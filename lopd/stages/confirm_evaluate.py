@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from lopd.config import Params
 from lopd.errors import BadInput
-from lopd.paths import NOT_RUN, Paths
+from lopd.paths import NOT_RUN, REGISTRATION_MARKER, Paths
 from lopd.utils import read_json, write_json
 
 
@@ -21,7 +21,7 @@ def run(params: Params, paths: Paths) -> dict:
     todo = []
     for slot in params.confirm.points:
         runs = paths.confirm_runs(slot)
-        rec = runs / "registration.json"
+        rec = runs / REGISTRATION_MARKER
         if not rec.exists() or read_json(rec).get("sha256") != reg["sha256"]:
             raise BadInput(f"{runs} was not trained under the current registration (sha256 {reg['sha256'][:16]}…): "
                            f"rerun confirm_train@{slot}")
@@ -45,7 +45,7 @@ def run(params: Params, paths: Paths) -> dict:
     out = {}
     for where, arm, s, run_dir in todo:
         out[(where, arm, s)] = _evaluate_one(params, paths, where, arm, s, run_dir, tasks, envs, reg["sha256"])
-    write_json(paths.confirm_eval / "registration.json", {"sha256": reg["sha256"]})
+    write_json(paths.confirm_eval / REGISTRATION_MARKER, {"sha256": reg["sha256"]})
     return out
 
 

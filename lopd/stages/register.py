@@ -36,6 +36,11 @@ def run(params: Params, paths: Paths) -> dict:
     margins = trial_margins(read_csv_rows(hpo / "margin_paths.csv")) if (hpo / "margin_paths.csv").exists() else None
     baselines = _read(hpo / "baselines.yaml", "the baselines' tuning") or {}
     frozen_lr = (baselines.get("lopd_frozen") or {}).get("lr_student")
+    own_lr = sorted(a for a in rule.arms() if a != "lopd_frozen" and get_arm(a).trains and a in baselines)
+    if own_lr:  # a point records the selected lr and lopd_frozen's own: another tuned arm would train at lopd's
+        raise BadInput(f"the rule names {', '.join(own_lr)}, tuned on val over its own knobs (hpo/baselines.yaml), "
+                       "but a confirmatory point records only lopd's lr and lopd_frozen's own: compare against "
+                       "lopd_frozen and the content controls, or extend the registration's points first")
     if len(cp.seeds) < 2:
         raise BadInput(f"confirm.seeds has {len(cp.seeds)} seed: the rule's paired t-tests need at least 2")
     try:
