@@ -274,3 +274,100 @@ def test_the_report_decides_with_the_registered_rule(tmp_path):
         "lopd > base", "lopd > lopd_frozen", "lopd > lopd_shuffled", "lopd > lopd_unrelated"]
     assert any("differs from the registered rule" in p for p in conf["problems"])
     assert conf["amended"]["label"] == ROBUST
+
+
+def _registered(paths, points: int = 1) -> dict:
+    reg = regmod.seal({"points": [{"name": f"p{i}", "trial": i, "margin": 1.0, "K": 4, "n_ret": 2, "lr_student": 0.005,
+                                   "lr_frozen": 0.002} for i in range(points)],
+                       "arms": {"trained": ["lopd", "lopd_frozen"], "shared": ["base"]}, "seeds": [100, 101],
+                       "confirm_split": {"manifest_sha256": "0" * 64}})
+    paths.registration.parent.mkdir(parents=True, exist_ok=True)
+    paths.registration.write_text(json.dumps(reg))
+    return reg
+
+
+def _fake_training(monkeypatch, calls: list, fail_at: str | None = None) -> None:
+    """confirm_train's collaborators replaced: no model, no training; ``run_jobs`` records its checkpoint
+    directory and jobs, writes each job's result, and raises (a kill) at arm ``fail_at``."""
+    import lopd.population.jobs as jobs_mod
+    import lopd.stages.common as common
+    import lopd.training.run as run_mod
+
+    def run_jobs(params, res, arm, jobs, *, ckpt_dir, label, **kw):
+        calls.append((arm, Path(ckpt_dir).name, [Path(j.rid_key).name for j in jobs]))
+        if arm == fail_at:
+            raise RuntimeError("killed")
+        out = []
+        for j in jobs:
+            j.out_dir.mkdir(parents=True, exist_ok=True)
+            (j.out_dir / "result.json").write_text("{}")
+            out.append(({"val_reward": 0.5}, {}))
+        return out
+
+    monkeypatch.setattr(jobs_mod, "run_jobs", run_jobs)
+    monkeypatch.setattr(common, "load_resources", lambda *a, **k: object())
+    monkeypatch.setattr(common, "with_draw", lambda *a, **k: object())
+    monkeypatch.setattr(common, "write_side", lambda *a, **k: None)
+    monkeypatch.setattr(run_mod, "job_hparams", lambda *a, **k: object())
+
+
+def test_confirm_train_keys_its_checkpoints_by_the_registration_and_writes_its_hash_last(tmp_path, monkeypatch):
+    from lopd.paths import NOT_RUN, REGISTRATION_MARKER, Paths
+    from lopd.stages import confirm_train
+
+    params = default_params({"confirm": {"points": [0, 1], "seeds": [100, 101]}})
+    paths = Paths(tmp_path)
+    reg = _registered(paths)
+    out0, out1 = paths.confirm_runs(0), paths.confirm_runs(1)
+    out0.mkdir(parents=True)
+    (out0 / NOT_RUN).write_text("{}")  # an earlier registration had no point for this slot
+    (out0 / REGISTRATION_MARKER).write_text(json.dumps({"sha256": "an earlier one"}))
+    calls: list = []
+    _fake_training(monkeypatch, calls, fail_at="lopd_frozen")
+    with pytest.raises(RuntimeError, match="killed"):
+        confirm_train.run(params, paths, 0)
+    # killed after lopd's runs: no marker (confirm_evaluate refuses the slot), and the stale records are gone
+    assert not (out0 / REGISTRATION_MARKER).exists() and not (out0 / NOT_RUN).exists()
+    key = reg["sha256"][:12]
+    assert calls[0][1] == f"confirm-{key}-p0-lopd"
+    assert calls[0][2] == [f"confirm-{key}-p0-lopd-seed-100", f"confirm-{key}-p0-lopd-seed-101"]
+    calls.clear()
+    _fake_training(monkeypatch, calls)
+    confirm_train.run(params, paths, 0)
+    assert [c[1] for c in calls] == [f"confirm-{key}-p0-{a}" for a in ("lopd", "lopd_frozen", "base")]
+    assert json.loads((out0 / REGISTRATION_MARKER).read_text()) == {"sha256": reg["sha256"]}
+    # a slot beyond S: its not-run record and the hash, no training
+    calls.clear()
+    confirm_train.run(params, paths, 1)
+    assert not calls and (out1 / NOT_RUN).exists()
+    assert json.loads((out1 / REGISTRATION_MARKER).read_text()) == {"sha256": reg["sha256"]}
+    # another registration never resumes these checkpoints
+    other = _registered(paths, points=2)
+    calls.clear()
+    confirm_train.run(params, paths, 1)
+    assert calls[0][1] == f"confirm-{other['sha256'][:12]}-p1-lopd" and other["sha256"][:12] != key
+    assert not (out1 / NOT_RUN).exists()
+
+
+def test_register_refuses_a_rule_arm_tuned_over_its_own_knobs(tmp_path):
+    from lopd.paths import Paths
+    from lopd.stages import register
+
+    params = default_params({"report": {"rule": {"gain_over": ["base", "opsd_text"]}}})
+    paths = Paths(tmp_path)
+    paths.hpo.mkdir(parents=True)
+    (paths.hpo / "selection.json").write_text(json.dumps({"selected": 1, "tied": []}))
+    (paths.hpo / "baselines.yaml").write_text("opsd_text: {lr_student: 0.002}\nlopd_frozen: {lr_student: 0.001}\n")
+    with pytest.raises(BadInput, match="opsd_text, tuned on val over its own knobs"):
+        register.run(params, paths)
+    assert not paths.registration.exists()
+
+
+def test_the_robust_labels_seeds_needed_starts_at_the_sign_flip_floor():
+    """With contrasts far above their noise, any n has full power: seeds needed is the smallest n at which the
+    exact sign-flip check can reject (1/2**n < alpha: 5 at alpha 0.05), for the robust label as for the primary."""
+    rng = np.random.default_rng(0)
+    contrasts = 0.5 + rng.normal(0, 0.001, (10, 2))
+    d = regmod.design(["a", "b"], contrasts, effect=0.5, n_seeds=10, n_points=3, alpha=0.05, power=0.8, upper=0.8,
+                      n_sim=200)
+    assert d["seeds_needed_primary"] == 5 and d["seeds_needed_robust"] == 5 and d["max_n"] == 200
