@@ -14,6 +14,7 @@ from lopd.engine.rollout import RowMembers, rollout_batch
 from lopd.model.members import adapter_name
 from tests import tiny_policy as tp
 from tests.near_ties import min_choice_margin, NEAR_TIE
+from tests.test_rollout_engine import _packed_steps
 
 S = 3
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -35,22 +36,10 @@ def _population(arch: str = "qwen3"):
     return bb, views
 
 
-def _steps(fast, members_of_row: list[int], steps: int = 10, seed: int = 0, member: int | None = None):
-    """Logits of the rows over prefill and decoding steps of a fresh cache (tokens drawn from ``seed``);
-    ``member`` None: the routed decoder, each token through its row's member."""
-    g = torch.Generator().manual_seed(seed)
-    n_rows = len(members_of_row)
-    cache = RaggedKVCache(n_rows, capacity=64, device=torch.device("cpu"))
-    outs = []
-    with torch.inference_mode():
-        for step in range(steps):
-            n_new = torch.randint(1, 6, (n_rows,), generator=g).tolist() if step % 4 == 0 else [1] * n_rows
-            ids = torch.randint(8, 60, (sum(n_new),), generator=g)
-            tok = torch.tensor([m for m, n in zip(members_of_row, n_new) for _ in range(n)])
-            plan = cache.packed(n_new, fast.kv_heads)
-            outs.append(fast.packed(ids, plan, cache, tok if member is None else None))
-            cache.commit()
-    return outs
+def _steps(fast, rows: list[int], member: int | None = None) -> list[torch.Tensor]:
+    """Logits over prefill and decoding steps (:func:`tests.test_rollout_engine._packed_steps`); ``member``
+    None: the routed decoder, each token through its row's member; else ``fast`` is that member alone."""
+    return _packed_steps(fast, fast.packed, n_rows=len(rows), members=rows if member is None else None)[0]
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

@@ -763,7 +763,7 @@ def test_pilot_design_sizes_the_confirmatory_run_at_the_registered_effect_not_th
     bound of a variance); every mean is set to the registered effect, so shifting the observed contrasts by a
     constant (a larger observed effect) changes nothing; the seeds needed are the smallest n with 80% power."""
     from lopd.analysis import power as power_mod
-    from lopd.analysis.audits import pilot_design
+    from lopd.analysis.variance import pilot_design
 
     a = np.array([0.05, 0.01, 0.04, 0.08, 0.02, 0.06])
     b = np.array([0.03, 0.00, 0.05, 0.06, 0.01, 0.07])

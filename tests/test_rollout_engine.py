@@ -274,9 +274,10 @@ def test_fast_decoder_declines_what_it_does_not_cover():
     assert FastDecoder.build(model) is None  # training mode (dropout) is not a rollout
 
 
-def _packed_steps(fast, forward, n_rows: int = 5, steps: int = 12, seed: int = 0):
+def _packed_steps(fast, forward, n_rows: int = 5, steps: int = 12, seed: int = 0, members: list[int] | None = None):
     """Logits of ``forward`` (a packed forward of ``fast``) over prefill and decoding steps of a
-    fresh cache, and the cache's keys at the end."""
+    fresh cache, and the cache's keys at the end. ``members`` (each row's member): ``forward`` is also
+    given each token's member (a decoder that routes members)."""
     g = torch.Generator().manual_seed(seed)
     cache = RaggedKVCache(n_rows, capacity=64, device=torch.device("cpu"))
     outs = []
@@ -284,7 +285,8 @@ def _packed_steps(fast, forward, n_rows: int = 5, steps: int = 12, seed: int = 0
         for step in range(steps):
             n_new = torch.randint(1, 6, (n_rows,), generator=g).tolist() if step % 4 == 0 else [1] * n_rows
             ids = torch.randint(8, 60, (sum(n_new),), generator=g)
-            outs.append(forward(ids, cache.packed(n_new, fast.kv_heads), cache))
+            extra = () if members is None else (torch.tensor([m for m, n in zip(members, n_new) for _ in range(n)]),)
+            outs.append(forward(ids, cache.packed(n_new, fast.kv_heads), cache, *extra))
             cache.commit()
     return outs, cache.keys + cache.values
 

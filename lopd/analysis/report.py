@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables
+from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables, variance
 from lopd.analysis.calibration import NULLS, design_rates
 from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_not_run, load_premise, load_runs, load_task_table,
@@ -197,10 +197,10 @@ def build_report(params, root: Path = Path("."), registration: dict | None = Non
     figures.learning_curves_png(out)
     figures.sensitivity_png(out, plotdata.selected_point(root))
 
-    pw = audits.rule_variance(fal, rp.alpha, rp.design.power)
-    pw["pilot"] = audits.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
+    pw = variance.rule_variance(fal, rp.alpha, rp.design.power)
+    pw["pilot"] = variance.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
                                       rp.design.pilot_upper)
-    audits.write_seed_variance(out, audits.seed_variance(evals, table), pw, rp.alpha, rp.design.power, pw["pilot"])
+    variance.write_seed_variance(out, variance.seed_variance(evals, table), pw, rp.alpha, rp.design.power, pw["pilot"])
     lk = audits.leakage(root, runs, [rule.treatment, *rule.content_controls])
     audits.write_leakage(out, lk)
 
