@@ -131,7 +131,7 @@ def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_run
     from lopd import data as data_mod
     from lopd.arms import get_arm
     from lopd.stages.common import load_resources
-    from lopd.hpo.study import tune_baselines
+    from lopd.hpo.search import tune_baselines
     from lopd.training.run import selected_hparams
 
     p = workspace.params(hpo={"baseline_arms": ["sft"], "lr_choices": [0.001, 0.004], "steps": 1, "val_every": 1,
@@ -158,7 +158,7 @@ def test_fixbeta_is_tuned_over_its_held_beta_at_the_selected_point(workspace, tm
     from lopd.arms import get_arm
     from lopd.population import points as points_mod
     from lopd.stages.common import load_resources
-    from lopd.hpo.study import tune_baselines
+    from lopd.hpo.search import tune_baselines
     from lopd.training.run import selected_hparams
 
     p = workspace.params(hpo={"baseline_arms": ["lopd_fixbeta"], "beta_fixed_choices": [0.5, 2.0], "steps": 1,

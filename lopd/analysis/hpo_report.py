@@ -33,11 +33,16 @@ def load_search(root: Path) -> dict | None:
         return None
     base_path, paths = root / "hpo" / "baselines.yaml", root / "hpo" / "margin_paths.csv"
     runs_path, confirm_path = root / "hpo" / "baselines.csv", root / "hpo" / "confirm.csv"
+    arms = {}
+    for d in sorted((root / "hpo" / "arms").glob("*/selection.json")):  # every other arm's own search
+        a = d.parent
+        arms[a.name] = {"selection": json.loads(d.read_text()), "trials": read_csv_rows(a / "trials.csv"),
+                        "confirm": read_csv_rows(a / "confirm.csv") if (a / "confirm.csv").exists() else None}
     return {"selection": json.loads(sel_path.read_text()), "trials": read_csv_rows(root / "hpo" / "trials.csv"),
             "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None,
             "margins": trial_margins(read_csv_rows(paths)) if paths.exists() else None,
             "baseline_runs": read_csv_rows(runs_path) if runs_path.exists() else None,
-            "confirm": read_csv_rows(confirm_path) if confirm_path.exists() else None}
+            "confirm": read_csv_rows(confirm_path) if confirm_path.exists() else None, "arms": arms}
 
 
 def _status_cell(t: dict | None) -> str:
@@ -124,10 +129,68 @@ def _verdict(sel: dict) -> list[str]:
                 f"statistically tied with the best, and the registered tie rule chose among them.")
     how = (f"Selected: trial {sel['selected']} "
            + ("(the best trial itself)." if not sel["by_rule"] else f"(by the tie rule; the best was trial {sel['best']})."))
+    return [head, "", how, "", *_boundary_lines(sel)]
+
+
+def _boundary_lines(sel: dict) -> list[str]:
+    """Where the selected point sits in its (extended) space, and what the registered boundary rule did."""
     edge = [f"{k} = {sel['point'][k]} is the {v}est choice" for k, v in sel["boundary"].items() if v]
-    bound = ("**On the boundary of the search space:** " + "; ".join(edge) + ": the optimum may lie outside it."
-             if edge else "The selected point is inside the search space on every coordinate.")
-    return [head, "", how, "", bound]
+    rule = sel.get("boundary_rule")
+    if rule is None:
+        return [("**On the boundary of the search space:** " + "; ".join(edge) + ": the optimum may lie outside it."
+                 if edge else "The selected point is inside the search space on every coordinate.")]
+    md = [f"Boundary rule (registered before the search: at most {rule['max_extensions']} extension(s), "
+          "`hpo.max_extensions`): " + ("no extension was made." if not rule["extensions"] else
+                                       f"{len(rule['extensions'])} extension(s).")]
+    for i, e in enumerate(rule["extensions"], 1):
+        md.append(f"- extension {i}, after {e['after_trials']} trials (selected then: trial {e['selected']}): "
+                  + "; ".join(e["notes"]))
+    if rule["flag"]:
+        md += ["", f"**Flagged: after the last extension the selected value is still on an edge of "
+                   f"{', '.join(rule['flag'])}** ({'; '.join(edge)}): the optimum may lie outside the searched range."]
+    else:
+        nat = rule.get("natural_bounds") or []
+        md += ["", "No selected value is on an edge the rule can extend"
+               + (f"; {', '.join(nat)} at a natural bound (m = 0, K or n_ret at 1 or at what the cold start "
+                  "trained, a group of 2)." if nat else ".")]
+    return md
+
+
+def _trials_table(search: dict, sel: dict, axes: list[str], margins: dict | None) -> str:
+    """Every finished trial: its val reward with its CI, Δ vs the best paired over tasks, whether it ties by seed
+    with the best, its point and (an arm with a margin) its constraint status, max Δ(φ) and final β."""
+    rows = []
+    task_sel = sel.get("search", sel)  # the task-paired comparison of every trial on the search's seeds
+    for t in search["trials"]:
+        n = str(t.get("number"))
+        vs = task_sel["vs_best"].get(n)
+        lo, hi = num(t.get("ci_low")), num(t.get("ci_high"))
+        m = [] if margins is None else [_status_cell(margins.get(n)), fmt((margins.get(n) or {}).get("max_delta"), 4),
+                                        fmt((margins.get(n) or {}).get("beta_final"), 2)]
+        rows.append([n, t.get("state", ""), fmt(num(t.get("value")), 4),
+                     f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if lo is not None and hi is not None else "—",
+                     "best" if n == str(task_sel["best"]) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
+                                                            if vs else "—"),
+                     "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
+                     *(str(t.get(k, "")) for k in axes), *m, "**selected**" if n == str(sel["selected"]) else ""])
+    names = {"margin": "m", "lr_student": "lr", "group_size": "group size"}
+    return md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", *(names.get(a, a) for a in axes),
+                     *([] if margins is None else ["constraint (per seed)", "max Δ(φ)", "β end"]), ""], rows)
+
+
+def _arm_sections(search: dict) -> list[str]:
+    """Each other arm's own search (``hpo/arms/<arm>``): its verdict, ties by seed, boundary rule and trials."""
+    md = []
+    for arm, s in (search.get("arms") or {}).items():
+        sel = s["selection"]
+        axes = list(sel.get("space") or sel["point"])
+        md += [f"## {arm}'s own search ({', '.join(axes)})", "", *_verdict(sel), ""]
+        md += [line.replace("## The best trials", "### The best trials") for line in _confirm_section(sel)]
+        md += ["### Trials", "", _trials_table(s, sel, axes, None), ""]
+        if sel.get("unit") == "seed":
+            md += ["Val reward, CI and Δ vs best: on the search's own seeds, paired over val tasks; *tied*: by seed "
+                   "with the best confirmed trial.", ""]
+    return md
 
 
 def _confirm_section(sel: dict) -> list[str]:
@@ -166,24 +229,7 @@ def render_search(search: dict | None, runs: dict) -> str:
                f"{', '.join(map(str, sel['seeds']))}, for both) has a {100 * (1 - sel['alpha']):.0f}% t-interval over "
                "seeds holding 0. The tie rule chose among those ties.", ""]
     md += _verdict(sel) + [""] + _confirm_section(sel) + _margin_section(search) + ["## Trials", ""]
-    margins = search.get("margins") or {}
-    rows = []
-    task_sel = sel.get("search", sel)  # the task-paired comparison of every trial on the search's seeds
-    for t in search["trials"]:
-        n = str(t.get("number"))
-        vs = task_sel["vs_best"].get(n)
-        lo, hi = num(t.get("ci_low")), num(t.get("ci_high"))
-        rows.append([n, t.get("state", ""), fmt(num(t.get("value")), 4),
-                     f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if lo is not None and hi is not None else "—",
-                     "best" if n == str(task_sel["best"]) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
-                                                            if vs else "—"),
-                     "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
-                     *(str(t.get(k, "")) for k in ("margin", "K", "n_ret", "lr_student")),
-                     _status_cell(margins.get(n)), fmt((margins.get(n) or {}).get("max_delta"), 4),
-                     fmt((margins.get(n) or {}).get("beta_final"), 2),
-                     "**selected**" if n == str(sel["selected"]) else ""])
-    md.append(md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", "m", "K", "n_ret",
-                        "lr", "constraint (per seed)", "max Δ(φ)", "β end", ""], rows))
+    md.append(_trials_table(search, sel, ["margin", "K", "n_ret", "lr_student"], search.get("margins") or {}))
     if sel.get("unit") == "seed":
         md += ["", "Val reward, 95% CI and Δ vs best: on the search's own seeds, paired over val tasks against the "
                "search's best trial. *tied*: tied by seed with the best confirmed trial (confirmed trials only: the "
@@ -191,7 +237,8 @@ def render_search(search: dict | None, runs: dict) -> str:
     values = {num(t.get("value")) for t in search["trials"] if t.get("state") == "COMPLETE"}
     if len(values) == 1 and len([t for t in search["trials"] if t.get("state") == "COMPLETE"]) > 1:
         md += ["", "**Every completed trial scored exactly the same validation reward: the search told nothing apart.**"]
-    md += ["", "## What each arm was tuned on (validation split only)", "", _tuning_table(search, runs)]
+    md += ["", *_arm_sections(search)]
+    md += ["## What each arm was tuned on (validation split only)", "", _tuning_table(search, runs)]
     return "\n".join(md)
 
 
@@ -213,8 +260,22 @@ def _budgets(search: dict) -> tuple[str, dict[str, str]]:
     """The val training runs each tuning spent: the search's (trials × its seeds, plus the confirmed trials'
     extra seeds), which every arm at the selected point inherits, and each tuned baseline's (values × seeds),
     from ``trials.csv``, ``confirm.csv`` and ``baselines.csv``; "?" where a file is missing."""
-    confirm, base_runs = search.get("confirm"), search.get("baseline_runs")
-    n_trials = len(search["trials"])
+    base_runs = search.get("baseline_runs")
+    search_budget = _search_budget(search["trials"], search.get("confirm"), base_runs)
+    by_arm: dict[str, str] = {}
+    for r in base_runs or []:
+        by_arm.setdefault(r["arm"], [])
+        by_arm[r["arm"]].append((r["knob_value"], r["seed"]))
+    budgets = {a: f"{len({v for v, _ in rs})} values × {len({s for _, s in rs})} seeds = {len(rs)} runs"
+               for a, rs in by_arm.items()}
+    for arm, s in (search.get("arms") or {}).items():
+        budgets[arm] = _search_budget(s["trials"], s.get("confirm"), base_runs)
+    return search_budget, budgets
+
+
+def _search_budget(trials: list[dict], confirm: list[dict] | None, base_runs: list[dict] | None) -> str:
+    """A search's val training runs: trials × its seeds, plus the confirmed trials' extra seeds."""
+    n_trials = len(trials)
     if confirm:
         per_trial: dict[str, int] = {}
         for r in confirm:
@@ -230,13 +291,7 @@ def _budgets(search: dict) -> tuple[str, dict[str, str]]:
         search_budget = f"{n_trials} trials × {seeds} seeds = {n_trials * seeds} runs"
     else:
         search_budget = f"{n_trials} trials × ? seeds"
-    by_arm: dict[str, str] = {}
-    for r in base_runs or []:
-        by_arm.setdefault(r["arm"], [])
-        by_arm[r["arm"]].append((r["knob_value"], r["seed"]))
-    budgets = {a: f"{len({v for v, _ in rs})} values × {len({s for _, s in rs})} seeds = {len(rs)} runs"
-               for a, rs in by_arm.items()}
-    return search_budget, budgets
+    return search_budget
 
 
 def _tuning_table(search: dict, runs: dict) -> str:
@@ -246,7 +301,13 @@ def _tuning_table(search: dict, runs: dict) -> str:
     for arm in sorted(runs):
         res = next(iter(runs[arm].values()))["result"]  # every seed of an arm runs the same hyper-parameters
         hp, sw = res.get("hparams") or {}, res.get("arm_switches") or {}
-        if arm in base:
+        if arm in base and base[arm].get("knob") == "search":
+            got = base[arm]
+            how = (f"its own search over {', '.join(got['knobs'])} (selected trial {got['trial']}, val reward "
+                   f"{fmt(got['value'], 3)}; what it does not search: " + ("the search's selected point)"
+                                                                         if sw.get("use_selected") else "train.*)"))
+            budget = budgets.get(arm, "?")
+        elif arm in base:
             knob = base[arm].get("knob", "lr_student")
             by_value = sorted(base[arm]["values"].items(), key=lambda kv: float(kv[0]))  # yaml sorts keys as text
             vals = ", ".join(f"{v}: {fmt(r, 3)}" for v, r in by_value)
@@ -263,10 +324,19 @@ def _tuning_table(search: dict, runs: dict) -> str:
         else:
             how, budget = "**not tuned** (train.* defaults)", "0"
         rows.append([arm, how, budget, str(hp.get("lr_student", "—")), str(hp.get("margin", "—")),
-                     str(hp.get("K", "—")), str(hp.get("n_ret", "—")), _beta_cell(hp, sw)])
+                     str(hp.get("K", "—")), str(hp.get("n_ret", "—")),
+                     str(hp.get("group_size", "—")) if sw.get("grouped") else "—", _beta_cell(hp, sw)])
+    searched = sorted(a for a, b in base.items() if b.get("knob") == "search")
+    one_knob = sorted(a for a, b in base.items() if b.get("knob") != "search")
     note = (f"Search's selected point: {', '.join(f'{k} = {v}' for k, v in point.items())}. Budget: the val "
-            "training runs the tuning spent, at the final runs' horizon. **The budgets are not equal**: LOPD's "
-            "search spends more runs over four coordinates than a baseline over its one knob, and the arms at the "
-            "selected point inherit it; a method tuned harder than its controls can win on tuning.")
-    return note + "\n\n" + md_table(["arm", "tuned on val", "val runs (budget)", "lr used", "m", "K", "n_ret", "β"],
-                                     rows)
+            "training runs the tuning spent, at the final runs' horizon. "
+            + (f"{', '.join(searched)} searched their own coordinates with LOPD's budget (trials × seeds, the "
+               "confirmation of the best, the tie rule, the boundary rule; a space with no more points than the "
+               "budget is searched whole, each point once). " if searched else "")
+            + (f"{', '.join(one_knob)}: one knob's grid at the selected point (a control of the mechanism, not a "
+               "competing method). " if one_knob else "")
+            + ("" if searched else "**The budgets are not equal**: LOPD's search spends more runs over four "
+               "coordinates than a baseline over its one knob; a method tuned harder than its controls can win on "
+               "tuning."))
+    return note + "\n\n" + md_table(["arm", "tuned on val", "val runs (budget)", "lr used", "m", "K", "n_ret",
+                                      "group size", "β"], rows)

@@ -67,6 +67,9 @@ class Params(Section):
     def _cross(self):
         if self.train.K > self.cold_start.k_max:
             raise ValueError(f"train.K ({self.train.K}) must be <= cold_start.k_max ({self.cold_start.k_max})")
+        bad_g = [g for g in self.hpo.group_size_choices if self.train.tasks_per_step % g]
+        if bad_g:
+            raise ValueError(f"hpo.group_size_choices {bad_g} must divide train.tasks_per_step ({self.train.tasks_per_step})")
         if max(self.hpo.k_choices) > self.cold_start.k_max:
             raise ValueError(f"hpo.k_choices must be <= cold_start.k_max ({self.cold_start.k_max})")
         if self.train.n_ret > self.cold_start.n_ret_max or self.hpo.n_ret_max > self.cold_start.n_ret_max:

@@ -27,6 +27,20 @@ class HpoParams(Section):
                                                                 "knob: lopd_fixbeta its β over beta_fixed_choices "
                                                                 "(at the selected point), the others their student "
                                                                 "learning rate over lr_choices")
+    group_size_choices: DistinctList[int, Bound(ge=2)] = Field(description="GRPO group sizes searched (each "
+                                                                        "divides train.tasks_per_step)")
+    searched_arms: DistinctOrEmptyList[str] = Field(description=(
+        "arms searched like LOPD over their own coordinates (search_axes), with the same trial budget, seeds, "
+        "confirmation, tie rule and boundary rule (lopd.hpo.search); LOPD itself always searches margin, K, "
+        "n_ret and lr_student"))
+    search_axes: dict[str, list[str]] = Field(description=(
+        "the coordinates each searched arm searches, of margin, K, n_ret, lr_student, group_size (each one the "
+        "arm reads); what it does not search it takes from LOPD's selection where it reads it, else train"))
+    max_extensions: int = Field(ge=0, description=(
+        "the boundary rule, registered before the search: a selected value on an edge of its coordinate's "
+        "choices (not a natural bound) extends that coordinate one step and the search continues, at most this "
+        "many times per arm; a value still on an edge after the last is flagged"))
+    trials_per_extension: int = Field(ge=1, description="trials each extension adds to an arm's search")
     beta_fixed_choices: DistinctList[float, Bound(ge=0)] = Field(description="lopd_fixbeta's constant β values "
                                                                              "tuned on val")
     binding_min_frac: float = Field(gt=0.0, le=1.0, description=(
@@ -57,8 +71,31 @@ class HpoParams(Section):
             raise ValueError(f"hpo.baseline_arms must be training arms; not training arms: {bad}")
         return v
 
+    @field_validator("search_axes")
+    @classmethod
+    def _searches(cls, v):
+        reads = {"margin": lambda a: a.margin, "K": lambda a: a.context == "latent",
+                 "n_ret": lambda a: a.bank_mode != "none" and a.context in ("latent", "text"),
+                 "lr_student": lambda a: True, "group_size": lambda a: a.grouped}
+        for arm, axes in v.items():
+            spec = ARM_REGISTRY.get(arm)
+            if spec is None or not spec.trains or arm == "lopd":
+                raise ValueError(f"hpo.search_axes: {arm!r} is not a training arm other than lopd (lopd's search "
+                                 "is the hpo section itself)")
+            bad = [a for a in axes if a not in reads or not reads[a](spec)]
+            if not axes or bad or len(set(axes)) != len(axes):
+                raise ValueError(f"hpo.search_axes.{arm}: {axes} must be distinct coordinates the arm reads, of "
+                                 f"{', '.join(k for k in reads if reads[k](spec))}")
+        return v
+
     @model_validator(mode="after")
     def _range(self):
+        both = sorted(set(self.searched_arms) & set(self.baseline_arms))
+        if both:
+            raise ValueError(f"hpo: {both} both searched (searched_arms) and tuned over one knob (baseline_arms)")
+        lacking = [a for a in self.searched_arms if a not in self.search_axes]
+        if lacking:
+            raise ValueError(f"hpo.searched_arms {lacking} have no entry in hpo.search_axes (what each searches)")
         if self.n_ret_min > self.n_ret_max:
             raise ValueError("hpo.n_ret_min must be <= hpo.n_ret_max")
         if self.confirm_top and self.seeds_per_trial + self.confirm_seeds < 2:

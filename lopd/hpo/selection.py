@@ -20,6 +20,8 @@ The tie rule is registered in ``params.yaml`` (``hpo.tie_rule``) before the sear
   margins, the highest value among trials with that margin, then the lowest trial number;
 - ``smallest_margin``: among the tied set, the smallest margin (then value, then number).
 
+An arm that searches no margin (the baselines' own searches) takes the best under either margin rule.
+
 The selection also says whether each coordinate of the selected point lies on the boundary of the
 search space (its smallest or largest choice): an optimum on the boundary may lie outside it.
 """
@@ -85,7 +87,7 @@ def boundary(point: dict, space: dict) -> dict:
 
 def _pick(tied: list[TrialScore], rule: str) -> TrialScore:
     by_value = sorted(tied, key=lambda t: (-t.value, t.number))
-    if rule == "best":
+    if rule == "best" or any("margin" not in t.point for t in tied):  # an arm with no margin: the best
         return by_value[0]
     margins = sorted(t.point["margin"] for t in tied)
     target = margins[(len(margins) - 1) // 2] if rule == "median_margin" else margins[0]

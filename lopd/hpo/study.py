@@ -11,10 +11,10 @@ compares trials paired by task and applies the tie rule registered in ``hpo.tie_
 validation rewards (a trial's mean over its seeds) feed Optuna's median pruner; a pruned trial's
 members finish with their batch, but the trial keeps no value.
 
-The learning baselines (``hpo.baseline_arms``) are tuned like the method: each gets its student
-learning rate from ``hpo.lr_choices`` (the grid LOPD's is searched over) on the validation split,
-with the selected K and n_ret where the arm reads them, each arm's rates × seeds as one population
-(:func:`tune_baselines`).
+Every arm of ``hpo.searched_arms`` is searched like LOPD over its own coordinates, with the same budget, and
+the boundary rule extends any search whose selection sits on an edge (:mod:`lopd.hpo.search`); the arms of
+``hpo.baseline_arms`` (lopd_fixbeta's held β at the selected point) are tuned over one knob's grid
+(:func:`lopd.hpo.search.tune_baselines`).
 
 Storage: an Optuna Journal file (``hpo/journal.log``, beside the stage's outputs but not one of
 them: it holds timestamps and worker ids, and every DVC output must be a deterministic function of
@@ -46,11 +46,17 @@ def horizon(params) -> int:
     return params.hpo.steps or params.train.steps
 
 
-def space(params) -> dict:
-    """Every searched coordinate and its choices (the boundary check reads this)."""
+LOPD_AXES = ("margin", "K", "n_ret", "lr_student")
+
+
+def space(params, axes: tuple[str, ...] | list[str] = LOPD_AXES) -> dict:
+    """The choices of each searched coordinate in ``axes`` (default: LOPD's) before any extension of the
+    boundary rule (:mod:`lopd.hpo.boundary`)."""
     hp = params.hpo
-    return {"margin": list(hp.margin_choices), "K": list(hp.k_choices),
-            "n_ret": list(range(hp.n_ret_min, hp.n_ret_max + 1)), "lr_student": list(hp.lr_choices)}
+    full = {"margin": list(hp.margin_choices), "K": list(hp.k_choices),
+            "n_ret": list(range(hp.n_ret_min, hp.n_ret_max + 1)), "lr_student": list(hp.lr_choices),
+            "group_size": list(hp.group_size_choices)}
+    return {a: full[a] for a in axes}
 
 
 def make_storage(url_or_path: str):
@@ -70,11 +76,13 @@ def dep_files(paths) -> list[Path]:
             paths.cold_start / "phi0.safetensors"]
 
 
-def study_name(params, dep_files: list[Path]) -> str:
+def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | None = None,
+               fixed: dict | None = None, level: int = 0) -> str:
     """``hpo.study_name`` plus a hash of everything a trial's value depends on except
     ``n_trials`` — the training setup and the contents of the upstream outputs (splits manifest,
-    base model, bank, φ0): raising ``n_trials`` resumes the study, any other change starts a new
-    one in the same (persistent) journal."""
+    base model, bank, φ0), the arm, its searched space (``space_``, default LOPD's), the values it holds
+    fixed and the boundary rule's extension ``level``: raising ``n_trials`` resumes the study, any other
+    change starts a new one in the same (persistent) journal. LOPD's level-0 study keeps its older name."""
     import hashlib
     import json
 
@@ -87,20 +95,28 @@ def study_name(params, dep_files: list[Path]) -> str:
                                              "per_seed_draws", "beta_rate", "beta_fixed"})
     setup = [sha256_path(f) for f in dep_files] + [train]
     setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
+    name = f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
+    if arm == "lopd" and level == 0 and (space_ is None or space_ == space(params)) and not fixed:
+        return name
+    more = json.dumps({"arm": arm, "space": space_, "fixed": fixed, "level": level}, sort_keys=True)
+    return f"{name}-{arm}-{level}-{hashlib.sha256(more.encode()).hexdigest()[:8]}"
 
 
 def _space_hash(params) -> str:
     import hashlib
 
+    # none of these changes a trial (the other arms' spaces and the extensions enter study_name's own hash)
     d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "beta_fixed_choices", "tie_rule",
-                                       "tie_alpha", "confirm_top", "confirm_seeds"})  # none changes a trial
+                                       "tie_alpha", "confirm_top", "confirm_seeds", "searched_arms", "search_axes",
+                                       "group_size_choices", "max_extensions", "trials_per_extension"})
     d["steps"] = horizon(params)
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
 
 def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
-               worker: bool = False, parent_tracker=None, on_batch=None) -> "optuna.Study":  # noqa: F821
+               worker: bool = False, parent_tracker=None, on_batch=None, arm: str = "lopd",
+               space_: dict | None = None, fixed: dict | None = None, level: int = 0, parent=None,
+               forced: list[dict] = ()) -> "optuna.Study":  # noqa: F821
     """The search's study, run until ``n_trials`` (default ``hpo.n_trials``) trials are finished,
     ``hpo.trials_per_batch`` trials at a time, each batch's trials × ``hpo.seeds_per_trial`` seeds
     trained as one population (:func:`lopd.hpo.batches.run_batches`, ``train_trials``).
@@ -111,7 +127,12 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     proposes what an uninterrupted one would. A ``worker`` joins a running study: it fails no
     trial (the others' trials are running) and keeps one sampler (its trials' order depends on the
     other processes anyway). Every process stops once the budget is reached; a batch asked before
-    then is cut to what the budget has left when it is asked."""
+    then is cut to what the budget has left when it is asked.
+
+    ``arm``, ``space_`` (default LOPD's :func:`space`) and ``fixed`` (the values of what the arm does not
+    search): any arm's search (:mod:`lopd.hpo.search`). ``level`` > 0: an extension of the boundary rule, a new
+    study over the extended ``space_`` that starts with ``parent``'s finished trials (their points are in it).
+    ``forced``: points trained first, each unless a trial of this study (past ``parent``'s) holds it already."""
     import optuna
 
     from lopd.hpo.batches import fail_interrupted, run_batches, train_trials
@@ -125,28 +146,44 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
                                           constant_liar=True)  # RUNNING trials of a batch steer the next asks
 
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
-    study = optuna.create_study(study_name=study_name(params, dep_files), storage=make_storage(storage),
+    space_ = space(params) if space_ is None else space_
+    fixed = dict(fixed or {})
+    name = study_name(params, dep_files, arm, space_, fixed, level)
+    study = optuna.create_study(study_name=name, storage=make_storage(storage),
                                 sampler=make_sampler(0), pruner=pruner, direction="maximize", load_if_exists=True)
     if not worker:
         stale = fail_interrupted(study)
         if stale:
             print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
+    dists = distributions(space_)
+    from lopd.hpo.search import adopt_trials, queue_points
+
+    study, start = adopt_trials(study, parent, dists) if parent is not None else (study, 0)
+    queue_points(study, list(forced), start)
     seeds = search_seeds(params)
 
     def suggest(trial) -> dict:
-        return {"margin": trial.suggest_categorical("margin", list(hp.margin_choices)),
-                "K": trial.suggest_categorical("K", list(hp.k_choices)),
-                "n_ret": trial.suggest_int("n_ret", hp.n_ret_min, hp.n_ret_max),
-                "lr_student": trial.suggest_categorical("lr_student", list(hp.lr_choices))}
+        return {a: (trial.suggest_int(a, d.low, d.high) if a == "n_ret" else trial.suggest_categorical(a, list(d.choices)))
+                for a, d in dists.items()}
 
     def train(trials, points):
         def naming(t: int, seed: int) -> tuple[dict, str]:
-            return ({"stage": "hpo", "trial": trials[t].number, "split": "val"},
+            return ({"stage": "hpo" if arm == "lopd" else f"hpo-{arm}", "trial": trials[t].number, "split": "val"},
                     trial_run(trials[t].number, points[t], seed if len(seeds) > 1 else None))
 
-        return train_trials(params, res, "lopd", trials, points, seeds=seeds, steps=horizon(params),
-                            val_every=hp.val_every, naming=naming,
-                            parent_run_id=parent_tracker.run_id if parent_tracker else None)
+        # a population shares train.group_size: GRPO's trials train one population per group size
+        groups: dict = {}
+        for t, p in enumerate(points):
+            groups.setdefault(p.get("group_size"), []).append(t)
+        out = [None] * len(points)
+        for idx in groups.values():
+            got = train_trials(params, res, arm, [trials[t] for t in idx], [{**fixed, **points[t]} for t in idx],
+                               seeds=seeds, steps=horizon(params), val_every=hp.val_every,
+                               naming=lambda i, seed, idx=idx: naming(idx[i], seed),
+                               parent_run_id=parent_tracker.run_id if parent_tracker else None)
+            for t, o in zip(idx, got):
+                out[t] = o
+        return out
 
     run_batches(study, budget=n_trials if n_trials is not None else hp.n_trials, batch=hp.trials_per_batch,
                 suggest=suggest, train=train, make_sampler=None if worker else make_sampler,
@@ -154,53 +191,12 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     return study
 
 
-def tuned_knob(params, arm: str) -> tuple[str, list[float]]:
-    """The knob an arm of ``hpo.baseline_arms`` is tuned over and its values: lopd_fixbeta's held β
-    (``hpo.beta_fixed_choices``), any other arm's student learning rate (``hpo.lr_choices``)."""
-    from lopd.arms import get_arm
+def distributions(space_: dict) -> dict:
+    """Optuna's distribution of each searched coordinate: n_ret an integer range, the others categorical."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    if get_arm(arm).beta_schedule == "fixed":
-        return "beta_fixed", list(params.hpo.beta_fixed_choices)
-    return "lr_student", list(params.hpo.lr_choices)
-
-
-def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None) -> dict:
-    """Each arm of ``hpo.baseline_arms`` trained at every value of its knob (:func:`tuned_knob`; same
-    horizon and seeds as a search trial, validation only; m, K, n_ret of the selected point where the arm
-    reads them, and its learning rate too when the knob is not the rate): per arm, its values × seeds as
-    one population. Selected: the highest mean val reward, the smaller value among equal ones. Writes
-    ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> knob, its value, val reward by value)."""
-    from lopd.arms import get_arm
-    from lopd.population.points import train_points
-    from lopd.tracking.names import baseline_run
-
-    hp, steps = params.hpo, horizon(params)
-    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
-    rows, chosen = [], {}
-    for arm in hp.baseline_arms:
-        knob, values = tuned_knob(params, arm)
-        fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
-        if knob != "lr_student" and get_arm(arm).use_selected:
-            fixed["lr_student"] = sel["lr_student"]
-
-        def naming(p: int, seed: int, arm=arm, knob=knob, values=values) -> tuple[dict, str]:
-            return {"stage": "hpo-baselines", "split": "val", knob: values[p]}, baseline_run(arm, values[p], seed, knob)
-
-        scores = train_points(params, res, arm, [{**fixed, knob: v} for v in values], seeds, steps=steps,
-                              val_every=hp.val_every, naming=naming,
-                              parent_run_id=parent_tracker.run_id if parent_tracker else None,
-                              label=f"baseline {arm}")
-        means = {}
-        for v, per_seed in zip(values, scores):
-            for seed, sc in zip(seeds, per_seed):
-                rows.append({"arm": arm, "knob": knob, "knob_value": v, "seed": seed, "val_reward": sc.val_reward})
-            means[v] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
-        best = max(sorted(means), key=lambda v: means[v])  # sorted: the smaller value wins an exact tie
-        chosen[arm] = {knob: float(best), "knob": knob, "value": float(means[best]), "selected_on": "val",
-                       "values": {str(v): float(m) for v, m in sorted(means.items())}}
-    write_csv(out_dir / "baselines.csv", rows, BASELINE_COLUMNS)
-    atomic_write_text(out_dir / "baselines.yaml", yaml.safe_dump(chosen, sort_keys=True))
-    return chosen
+    return {a: IntDistribution(min(v), max(v)) if a == "n_ret" else CategoricalDistribution(list(v))
+            for a, v in space_.items()}
 
 
 def search_seeds(params) -> list[int]:
@@ -214,11 +210,16 @@ def confirm_seeds(params) -> list[int]:
     return [1000 + hp.seeds_per_trial + s for s in range(hp.confirm_seeds)]
 
 
-def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None) -> dict[int, list[float]] | None:
+def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None, *, arm: str = "lopd",
+                   fixed: dict | None = None, have: dict[int, list[float]] | None = None) -> dict[int, list[float]] | None:
     """The ``hpo.confirm_top`` best COMPLETE trials (:func:`lopd.hpo.selection.confirm_candidates`), each rerun
     with :func:`confirm_seeds` at the search's horizon, all as one population on val; returns each one's mean
     val reward per seed of the search's seeds then the confirmation's (``per_seed[number]``, numbered as in
-    ``trials.csv``) and writes ``confirm.csv``. None when ``hpo.confirm_top`` is 0 (``confirm.csv`` has no rows)."""
+    ``trials.csv``) and writes ``confirm.csv``. None when ``hpo.confirm_top`` is 0 (``confirm.csv`` has no rows).
+
+    ``have``: trials confirmed before (an earlier level of the boundary rule's extensions): not rerun, and
+    returned and written with the others, so the selection compares every trial rerun on more seeds.
+    ``arm`` and ``fixed``: another arm's search (:func:`run_search`)."""
     from lopd.errors import RunFailed
     from lopd.hpo.selection import TrialScore, confirm_candidates
     from lopd.population.points import train_points
@@ -228,12 +229,14 @@ def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None) -> di
     if not hp.confirm_top:
         write_csv(out_dir / "confirm.csv", [], CONFIRM_COLUMNS)
         return None
-    done = finished_trials(study)
+    done, have = finished_trials(study), dict(have or {})
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value) for i, t in enumerate(done)]
     top = confirm_candidates(scores, hp.confirm_top)
     if not top:
         raise RunFailed("the search finished no COMPLETE trial: nothing to confirm")
-    first = {}
+    n_first = hp.seeds_per_trial
+    top = [t for t in top if t.number not in have]
+    first = {n: v[:n_first] for n, v in have.items()}
     for t in top:
         got = done[t.number].user_attrs.get("val_per_seed")
         if got is None or len(got) != hp.seeds_per_trial:
@@ -241,22 +244,26 @@ def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None) -> di
                             f"delete {out_dir / 'journal.log'} to rerun the search")
         first[t.number] = [float(v) for v in got]
     seeds = confirm_seeds(params)
-    more = {t.number: [] for t in top}
-    if seeds:
-        def naming(p: int, seed: int) -> tuple[dict, str]:
-            return ({"stage": "hpo-confirm", "trial": top[p].number, "split": "val"},
-                    trial_run(top[p].number, top[p].point, seed))
+    more = {**{n: v[n_first:] for n, v in have.items()}, **{t.number: [] for t in top}}
+    groups: dict = {}  # a population shares train.group_size: one population per group size
+    for t in top:
+        groups.setdefault(t.point.get("group_size"), []).append(t)
+    for group in groups.values() if seeds else ():
+        def naming(p: int, seed: int, group=group) -> tuple[dict, str]:
+            return ({"stage": "hpo-confirm" if arm == "lopd" else f"hpo-{arm}-confirm", "trial": group[p].number,
+                     "split": "val"}, trial_run(group[p].number, group[p].point, seed))
 
-        runs = train_points(params, res, "lopd", [t.point for t in top], seeds, steps=horizon(params),
-                            val_every=hp.val_every, naming=naming,
+        runs = train_points(params, res, arm, [{**(fixed or {}), **t.point} for t in group], seeds,
+                            steps=horizon(params), val_every=hp.val_every, naming=naming,
                             parent_run_id=parent_tracker.run_id if parent_tracker else None,
-                            label=f"confirm {len(top)} trials")
-        more = {t.number: [s.val_reward for s in per_seed] for t, per_seed in zip(top, runs)}
+                            label=f"confirm {len(group)} {arm} trials")
+        more.update({t.number: [s.val_reward for s in per_seed] for t, per_seed in zip(group, runs)})
     rows = [{"trial": n, "seed": s, "source": src, "val_reward": v}
-            for n in first for src, ss, vs in (("search", search_seeds(params), first[n]), ("confirm", seeds, more[n]))
+            for n in sorted(first) for src, ss, vs in (("search", search_seeds(params), first[n]),
+                                                       ("confirm", seeds, more[n]))
             for s, v in zip(ss, vs)]
     write_csv(out_dir / "confirm.csv", rows, CONFIRM_COLUMNS)
-    return {n: first[n] + more[n] for n in first}
+    return {n: first[n] + more[n] for n in sorted(first)}
 
 
 def finished_trials(study) -> list:
@@ -270,27 +277,33 @@ def finished_trials(study) -> list:
                   key=lambda t: t.number)
 
 
-def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]] | None = None) -> dict:
+def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]] | None = None, *,
+                  arm: str = "lopd", space_: dict | None = None, boundary: dict | None = None) -> dict:
     """``trials.csv`` (every finished trial with its val CI on the search's seeds, its mean over every seed
     where it was confirmed, and whether it ties with the best), ``margin_paths.csv`` (:func:`margin_path_rows`:
     what the margin did in each trial's runs), ``selection.json`` and ``best_params.yaml`` (the point the
     registered tie rule selects, its tie count and the rule). With ``per_seed`` (:func:`confirm_trials`) the
     selection is :func:`lopd.hpo.selection.select_by_seed` among the confirmed trials, and the search's own
     task-paired selection over every trial is kept as ``selection.json``'s ``search``; without, it is
-    :func:`lopd.hpo.selection.select`."""
+    :func:`lopd.hpo.selection.select`.
+
+    ``arm`` and ``space_`` (its searched coordinates and their choices, extended by the boundary rule; default
+    LOPD's): another arm's search writes the same files but ``best_params.yaml`` (its point goes to
+    ``baselines.yaml``), and no binding point. ``boundary``: what the boundary rule did, into ``selection.json``."""
     from lopd.errors import RunFailed
     from lopd.analysis.constraint import trial_margins
     from lopd.hpo.selection import TrialScore, select, select_by_seed, select_binding
 
     done = finished_trials(study)
+    space_ = space(params) if space_ is None else space_
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))
               for i, t in enumerate(done)]
     try:
-        sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space(params))
+        sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space_)
         search_ci = sel["intervals"]
         if per_seed:
             sel = {**select_by_seed(scores, per_seed, search_seeds(params) + confirm_seeds(params),
-                                    params.hpo.tie_rule, params.hpo.tie_alpha, space(params)),
+                                    params.hpo.tie_rule, params.hpo.tie_alpha, space_),
                    "search": {k: v for k, v in sel.items() if k != "intervals"}}
     except ValueError as e:
         raise RunFailed(f"the search finished no trial: nothing to select ({e})") from None
@@ -302,13 +315,21 @@ def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]]
              else None, "confirmed_seeds": len(per_seed[t.number]) if per_seed and t.number in per_seed else None,
              "tied_with_best": t.number in tied, **t.point}
             for t in scores]
-    write_csv(out_dir / "trials.csv", rows, TRIAL_COLUMNS)
-    paths_rows = margin_path_rows(done)
+    columns = TRIAL_COLUMNS[:-4] + [a for a in ("margin", "K", "n_ret", "lr_student", "group_size") if a in space_]
+    write_csv(out_dir / "trials.csv", [{k: r.get(k) for k in columns} for r in rows], columns)
+    sel["space"], sel["arm"] = {k: list(v) for k, v in space_.items()}, arm
+    if boundary is not None:
+        sel["boundary_rule"] = boundary
+    paths_rows = margin_path_rows(done) if "margin" in space_ else []
     write_csv(out_dir / "margin_paths.csv", paths_rows, MARGIN_PATH_COLUMNS)
     margins = {int(n): t for n, t in trial_margins(paths_rows).items()}
     sel["binding"] = select_binding(scores, {n: t["status"] for n, t in margins.items()}, params.hpo.binding_min_frac,
-                                    {n: t["max_delta"] for n, t in margins.items()})
+                                    {n: t["max_delta"] for n, t in margins.items()}) if arm == "lopd" else None
     write_json(out_dir / "selection.json", sel)
+    if arm != "lopd":
+        return {**{k: _num(v) for k, v in sel["point"].items()}, "value": float(sel["value"]), "trial": sel["selected"],
+                "tie_count": sel["tie_count"], "tie_unit": sel["unit"],
+                "value_seeds": len(sel.get("seeds") or search_seeds(params)), "selected_on": "val"}
     best = {**_point(sel["point"], params), "value": float(sel["value"]), "trial": sel["selected"],
             "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "tie_unit": sel["unit"],
             "value_seeds": len(sel.get("seeds") or search_seeds(params)), "selected_on": "val"}
@@ -319,6 +340,11 @@ def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]]
         best["binding_reason"] = b["reason"]
     atomic_write_text(out_dir / "best_params.yaml", yaml.safe_dump(best, sort_keys=True))
     return best
+
+
+def _num(v):
+    """A point's value as YAML should read it: an integral coordinate an int, the others float."""
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else float(v)
 
 
 def _point(p: dict, params) -> dict:

@@ -23,8 +23,8 @@ from lopd.utils import atomic_write_text, write_json
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
     """What the validation search chose for ``arm``: m, K, n_ret and the student learning rate for the
     arms that use the selected point (``best_params.yaml``); an arm tuned as a baseline
-    (``baselines.yaml`` beside it lists it) takes the knob it was tuned over from there: its learning rate, or
-    lopd_fixbeta its held β (``beta_fixed``)."""
+    (``baselines.yaml`` beside it lists it) takes what it was tuned over from there: what its own search
+    selected (e.g. lopd_frozen's K, n_ret and learning rate, GRPO's group size), or lopd_fixbeta its held β."""
     import yaml
 
     if not params.train.use_best_params:
@@ -45,9 +45,9 @@ def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
     tuned = best_params_file.with_name("baselines.yaml")
     if tuned.exists():
         own = (yaml.safe_load(tuned.read_text()) or {}).get(arm.name)
-        if own:
-            knob = own.get("knob", "lr_student")
-            out[knob] = own[knob]
+        if own:  # an arm's own search (knob "search") lists what it searched
+            for knob in own.get("knobs") or [own.get("knob", "lr_student")]:
+                out[knob] = own[knob]
     return out
 
 
