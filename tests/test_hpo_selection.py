@@ -150,6 +150,37 @@ def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_run
         "margin": 0.1, "K": 4, "n_ret": 1, "lr_student": 0.003}
 
 
+def test_an_arms_own_search_reads_only_val_and_its_final_runs_take_its_point(workspace, tmp_path):
+    """lopd_frozen's own search (lopd.hpo.search.search_arm over K, n_ret and its learning rate) trains on the hpo
+    role's resources (no test read), holds m at LOPD's selection, and the final run of lopd_frozen reads every
+    coordinate it searched from baselines.yaml and the rest from the selected point."""
+    from lopd import data as data_mod
+    from lopd.arms import get_arm
+    from lopd.hpo.search import fixed_values, search_arm, tune_baselines
+    from lopd.stages.common import load_resources
+    from lopd.training.run import selected_hparams
+
+    p = workspace.params(hpo={"n_trials": 2, "steps": 1, "val_every": 1, "seeds_per_trial": 1, "confirm_top": 0,
+                              "max_extensions": 0, "k_choices": [2, 4], "n_ret_max": 2, "lr_choices": [0.001, 0.004]},
+                         train={"val_tasks": 4, "use_best_params": True})
+    res = load_resources(p, workspace.paths, role="hpo")
+    lopd_sel = {"margin": 0.1, "K": 4, "n_ret": 1, "lr_student": 0.003}
+    axes = ["K", "n_ret", "lr_student"]
+    assert fixed_values(p, "lopd_frozen", axes, lopd_sel) == {"margin": 0.1}
+    start = len(data_mod.ACCESS_LOG)
+    dep = tmp_path / "dep.txt"
+    dep.write_text("x")
+    got, study = search_arm(p, res, "lopd_frozen", axes, tmp_path, storage=str(tmp_path / "journal.log"),
+                            dep_files=[dep], fixed={"margin": 0.1})
+    assert all(r["split"] != "test" and r["role"] == "hpo" for r in data_mod.ACCESS_LOG[start:])
+    assert len(study.get_trials()) == 2 and all(set(t.params) == set(axes) for t in study.get_trials())
+    out = tune_baselines(p, res, lopd_sel, tmp_path, searched={"lopd_frozen": (axes, got)})
+    assert out["lopd_frozen"]["knob"] == "search" and out["lopd_frozen"]["knobs"] == axes
+    (tmp_path / "best_params.yaml").write_text(yaml.safe_dump(lopd_sel))
+    assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm("lopd_frozen")) == {
+        "margin": 0.1, **{k: got[k] for k in axes}}
+
+
 def test_fixbeta_is_tuned_over_its_held_beta_at_the_selected_point(workspace, tmp_path, monkeypatch):
     """lopd_fixbeta in hpo.baseline_arms is tuned over hpo.beta_fixed_choices, not over learning rates: its
     runs take m, K, n_ret and the student lr of the selected point and vary only β; baselines.yaml records

@@ -184,7 +184,9 @@ def _arm_sections(search: dict) -> list[str]:
     for arm, s in (search.get("arms") or {}).items():
         sel = s["selection"]
         axes = list(sel.get("space") or sel["point"])
-        md += [f"## {arm}'s own search ({', '.join(axes)})", "", *_verdict(sel), ""]
+        md += [f"## {arm}'s own search ({', '.join(axes)})", "",
+               f"{len(s['trials'])} trials on val; {arm} has no privilege margin, so its trials have no constraint "
+               "status." if "margin" not in axes else f"{len(s['trials'])} trials on val.", "", *_verdict(sel), ""]
         md += [line.replace("## The best trials", "### The best trials") for line in _confirm_section(sel)]
         md += ["### Trials", "", _trials_table(s, sel, axes, None), ""]
         if sel.get("unit") == "seed":
