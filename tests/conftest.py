@@ -43,7 +43,7 @@ TINY = {
     "train": {"seeds": [0, 1], "steps": 2, "tasks_per_step": 8, "val_every": 2, "val_tasks": 8,
               "checkpoint_every": 1, "use_best_params": False},
     "hpo": {"n_trials": 3, "steps": 2, "val_every": 1, "seeds_per_trial": 1, "n_ret_max": 2, "baseline_arms": [],
-            "searched_arms": [], "max_extensions": 0},
+            "searched_arms": [], "max_extensions": 0, "group_size_choices": [2, 4]},
 }
 
 

@@ -315,18 +315,18 @@ def test_every_key_has_a_description():
 
 def test_every_params_yaml_key_is_a_described_field(base_raw):
     """The walk above covers params.yaml: its keys are exactly the fields walked (a stage's name under
-    launch.resources stands for the free name ``*``)."""
+    launch.resources and an arm under hpo.search_axes stand for the free name ``*``)."""
     from lopd.config import Params
     from lopd.config.messages import iter_fields
 
     def leaves(d, prefix=""):
         for k, v in d.items():
-            here = prefix + ("*" if prefix == "launch.resources." else k)
+            here = prefix + ("*" if prefix in ("launch.resources.", "hpo.search_axes.") else k)
             yield here
             if isinstance(v, dict):
                 yield from leaves(v, here + ".")
 
-    assert set(leaves(base_raw)) - {"launch.resources.*"} == {k for k, _ in iter_fields(Params)}
+    assert set(leaves(base_raw)) - {"launch.resources.*", "hpo.search_axes.*"} == {k for k, _ in iter_fields(Params)}
 
 
 def test_unknown_key_error_lists_allowed_keys_with_descriptions(tmp_path, capsys, base_raw):

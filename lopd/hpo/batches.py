@@ -13,6 +13,9 @@ batch, seeded by the number of finished trials. So the restarted batch asks the 
 one asked, and a killed and resumed search finishes with the trials, points and values of an
 uninterrupted one. No finished trial is lost and none is run twice
 (``tests/test_hpo_batches.py``).
+
+:func:`adopt_trials` and :func:`queue_points` start the boundary rule's extension studies
+(:mod:`lopd.hpo.search`): the last study's finished trials copied in, and the points to train first queued.
 """
 
 from __future__ import annotations
@@ -133,3 +136,41 @@ def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *
                            attrs={"val_per_task": [sum(x) / len(x) for x in zip(*(s.val_per_task for s in per_seed))],
                                   "val_per_seed": [s.val_reward for s in per_seed], **path}))
     return out
+
+
+def adopt_trials(study, parent, distributions: dict):
+    """Start an extension's ``study`` from ``parent``'s finished trials (their values, intermediate values and
+    user attributes; each point is in the extended ``distributions``), once (a copy a kill cut short is made
+    again in a fresh study of the same name); returns the study and how many trials it adopted."""
+    import optuna
+
+    from optuna.trial import TrialState
+
+    old = sorted(parent.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+                 key=lambda t: t.number)  # lopd.hpo.study.finished_trials
+    held = study.get_trials(deepcopy=False)
+    if held and len(held) < len(old):  # a start killed while it copied: copy again into a fresh study
+        name, storage, sampler, pruner = study.study_name, study._storage, study.sampler, study.pruner
+        optuna.delete_study(study_name=name, storage=storage)
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
+                                    direction="maximize")
+        held = []
+    if not held:
+        study.add_trials([optuna.trial.create_trial(state=t.state, value=t.value, params=t.params,
+                                                    distributions={k: distributions[k] for k in t.params},
+                                                    user_attrs=t.user_attrs, intermediate_values=t.intermediate_values)
+                          for t in old])
+    return study, len(old)
+
+
+def queue_points(study, points: list[dict], start: int = 0) -> None:
+    """Queue each of ``points`` that no finished or queued trial numbered from ``start`` holds yet, in order (a
+    resumed search queues what its killed attempt did not finish, as the uninterrupted one did)."""
+    from optuna.trial import TrialState
+
+    mine = [t for t in study.get_trials(deepcopy=False) if t.number >= start]
+    have = [t.params for t in mine if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    have += [t.system_attrs.get("fixed_params") for t in mine if t.state == TrialState.WAITING]
+    for p in points:
+        if p not in have:
+            study.enqueue_trial(p)

@@ -42,57 +42,12 @@ def axis_rules(params) -> dict[str, AxisRule]:
             "group_size": AxisRule("ratio", floor=2, ceil=tr.tasks_per_step, integer=True, divides=tr.tasks_per_step)}
 
 
-def adopt_trials(study, parent, distributions: dict):
-    """Start an extension's ``study`` from ``parent``'s finished trials (their values, intermediate values and
-    user attributes; each point is in the extended ``distributions``), once (a copy a kill cut short is made
-    again in a fresh study of the same name); returns the study and how many trials it adopted."""
-    import optuna
-
-    from lopd.hpo.study import finished_trials
-
-    old = finished_trials(parent)
-    held = study.get_trials(deepcopy=False)
-    if held and len(held) < len(old):  # a start killed while it copied: copy again into a fresh study
-        name, storage, sampler, pruner = study.study_name, study._storage, study.sampler, study.pruner
-        optuna.delete_study(study_name=name, storage=storage)
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
-                                    direction="maximize")
-        held = []
-    if not held:
-        study.add_trials([optuna.trial.create_trial(state=t.state, value=t.value, params=t.params,
-                                                    distributions={k: distributions[k] for k in t.params},
-                                                    user_attrs=t.user_attrs, intermediate_values=t.intermediate_values)
-                          for t in old])
-    return study, len(old)
-
-
-def queue_points(study, points: list[dict], start: int = 0) -> None:
-    """Queue each of ``points`` that no finished or queued trial numbered from ``start`` holds yet, in order (a
-    resumed search queues what its killed attempt did not finish, as the uninterrupted one did)."""
-    from optuna.trial import TrialState
-
-    mine = [t for t in study.get_trials(deepcopy=False) if t.number >= start]
-    have = [t.params for t in mine if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    have += [t.system_attrs.get("fixed_params") for t in mine if t.state == TrialState.WAITING]
-    for p in points:
-        if p not in have:
-            study.enqueue_trial(p)
-
-
 def grid(space_: dict) -> list[dict]:
     """Every point of ``space_`` (coordinates in order, choices sorted)."""
     import itertools
 
     axes = list(space_)
     return [dict(zip(axes, vs)) for vs in itertools.product(*(sorted(space_[a]) for a in axes))]
-
-
-def untried(study, space_: dict) -> list[dict]:
-    """The points of ``space_``'s grid no finished trial of ``study`` holds."""
-    from lopd.hpo.study import finished_trials
-
-    tried = [dict(t.params) for t in finished_trials(study)]
-    return [p for p in grid(space_) if p not in tried]
 
 
 def forced_points(point: dict, old: dict, new: dict) -> list[dict]:
@@ -106,7 +61,7 @@ def forced_points(point: dict, old: dict, new: dict) -> list[dict]:
 
 
 def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_files: list[Path],
-               fixed: dict | None = None, parent_tracker=None, on_batch=None) -> dict:
+               fixed: dict | None = None, parent_tracker=None, on_batch=None) -> tuple[dict, "optuna.Study"]:  # noqa: F821
     """``arm``'s search over ``axes`` with the boundary rule (module docstring); writes its ``trials.csv``,
     ``confirm.csv``, ``margin_paths.csv`` and ``selection.json`` to ``out_dir`` (LOPD's also
     ``best_params.yaml``) and returns the selection (:func:`lopd.hpo.study.write_outputs`) and the last study."""
@@ -115,7 +70,7 @@ def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_
                                 write_outputs)
 
     hp, rules = params.hpo, axis_rules(params)
-    space_, study, have, levels = space(params, tuple(axes)), None, None, []
+    space_, have, levels = space(params, tuple(axes)), None, []
     kw = dict(storage=storage, dep_files=dep_files, arm=arm, fixed=fixed, parent_tracker=parent_tracker,
               on_batch=on_batch)
     # a space no larger than the budget is searched whole, each point once (TPE would repeat points)

@@ -77,12 +77,14 @@ def dep_files(paths) -> list[Path]:
 
 
 def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | None = None,
-               fixed: dict | None = None, level: int = 0) -> str:
+               fixed: dict | None = None, level: int = 0, after: int | None = None) -> str:
     """``hpo.study_name`` plus a hash of everything a trial's value depends on except
     ``n_trials`` — the training setup and the contents of the upstream outputs (splits manifest,
     base model, bank, φ0), the arm, its searched space (``space_``, default LOPD's), the values it holds
-    fixed and the boundary rule's extension ``level``: raising ``n_trials`` resumes the study, any other
-    change starts a new one in the same (persistent) journal. LOPD's level-0 study keeps its older name."""
+    fixed and the boundary rule's extension ``level`` with the trials it starts from (``after``: raising
+    ``n_trials`` grows the level-0 study, and each extension starts again from it): raising ``n_trials`` resumes
+    the study, any other change starts a new one in the same (persistent) journal. LOPD's level-0 study keeps
+    its older name."""
     import hashlib
     import json
 
@@ -98,7 +100,7 @@ def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | 
     name = f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"
     if arm == "lopd" and level == 0 and (space_ is None or space_ == space(params)) and not fixed:
         return name
-    more = json.dumps({"arm": arm, "space": space_, "fixed": fixed, "level": level}, sort_keys=True)
+    more = json.dumps({"arm": arm, "space": space_, "fixed": fixed, "level": level, "after": after}, sort_keys=True)
     return f"{name}-{arm}-{level}-{hashlib.sha256(more.encode()).hexdigest()[:8]}"
 
 
@@ -148,7 +150,9 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
     space_ = space(params) if space_ is None else space_
     fixed = dict(fixed or {})
-    name = study_name(params, dep_files, arm, space_, fixed, level)
+    from lopd.hpo.batches import adopt_trials, n_finished, queue_points
+
+    name = study_name(params, dep_files, arm, space_, fixed, level, n_finished(parent) if parent is not None else None)
     study = optuna.create_study(study_name=name, storage=make_storage(storage),
                                 sampler=make_sampler(0), pruner=pruner, direction="maximize", load_if_exists=True)
     if not worker:
@@ -156,8 +160,6 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
         if stale:
             print(f"marked {stale} trial(s) left RUNNING by a killed search as FAIL")
     dists = distributions(space_)
-    from lopd.hpo.search import adopt_trials, queue_points
-
     study, start = adopt_trials(study, parent, dists) if parent is not None else (study, 0)
     queue_points(study, list(forced), start)
     seeds = search_seeds(params)
