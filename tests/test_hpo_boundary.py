@@ -110,3 +110,12 @@ def test_the_rule_stops_once_the_selection_is_inside(workspace, tmp_path, monkey
 def test_no_extension_is_registered_none_is_made(workspace, tmp_path, monkeypatch):
     sel, _ = _toy_search(workspace, tmp_path, monkeypatch, lambda lr: lr, max_extensions=0)
     assert sel["boundary_rule"]["extensions"] == [] and sel["boundary_rule"]["flag"] == ["lr_student"]
+
+
+def test_points_group_by_group_size_in_first_seen_order():
+    from lopd.hpo.study import by_group_size
+
+    pts = [{"lr_student": 0.1, "group_size": 4}, {"lr_student": 0.2, "group_size": 2},
+           {"lr_student": 0.3, "group_size": 4}]
+    assert by_group_size(pts) == [[0, 2], [1]]
+    assert by_group_size([{"K": 4}, {"K": 8}]) == [[0, 1]]  # no group size: one population

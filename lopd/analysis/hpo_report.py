@@ -187,7 +187,7 @@ def _arm_sections(search: dict) -> list[str]:
         md += [f"## {arm}'s own search ({', '.join(axes)})", "",
                f"{len(s['trials'])} trials on val; {arm} has no privilege margin, so its trials have no constraint "
                "status." if "margin" not in axes else f"{len(s['trials'])} trials on val.", "", *_verdict(sel), ""]
-        md += [line.replace("## The best trials", "### The best trials") for line in _confirm_section(sel)]
+        md += _confirm_section(sel, "###")
         md += ["### Trials", "", _trials_table(s, sel, axes, None), ""]
         if sel.get("unit") == "seed":
             md += ["Val reward, CI and Δ vs best: on the search's own seeds, paired over val tasks; *tied*: by seed "
@@ -195,7 +195,7 @@ def _arm_sections(search: dict) -> list[str]:
     return md
 
 
-def _confirm_section(sel: dict) -> list[str]:
+def _confirm_section(sel: dict, heading: str = "##") -> list[str]:
     """The confirmed trials: each one's mean over every seed, its per-seed values and its difference to the best
     by seed (the test the selection ties by)."""
     if sel.get("unit") != "seed":
@@ -209,7 +209,7 @@ def _confirm_section(sel: dict) -> list[str]:
                      ", ".join(fmt(v, 3) for v in p),
                      "best" if n == sel["best"] else f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]",
                      "yes" if n in sel["tied"] else "no", "**selected**" if n == sel["selected"] else ""])
-    return ["## The best trials on more seeds (ties by seed)", "",
+    return [f"{heading} The best trials on more seeds (ties by seed)", "",
             md_table(["trial", f"mean over {len(sel['seeds'])} seeds", f"per seed ({', '.join(map(str, sel['seeds']))})",
                       f"Δ vs best by seed [{level} CI]", "tied", ""], rows), ""]
 

@@ -74,7 +74,8 @@ def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_
     kw = dict(storage=storage, dep_files=dep_files, arm=arm, fixed=fixed, parent_tracker=parent_tracker,
               on_batch=on_batch)
     # a space no larger than the budget is searched whole, each point once (TPE would repeat points)
-    whole = grid(space_) if len(grid(space_)) <= hp.n_trials else []
+    whole = grid(space_)
+    whole = whole if len(whole) <= hp.n_trials else []
     study = run_search(params, res, space_=space_, forced=whole, n_trials=len(whole) or None, **kw)
     while True:
         have = confirm_trials(params, res, study, out_dir, parent_tracker, arm=arm, fixed=fixed, have=have)
@@ -89,7 +90,8 @@ def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_
         levels.append({"after_trials": len(done), "selected": sel["selected"], "notes": notes,
                        "space": {k: list(v) for k, v in new.items()}})
         print(f"{arm}: boundary rule, extension {len(levels)}: " + "; ".join(notes))
-        rest = [p for p in grid(new) if p not in [dict(t.params) for t in done]]
+        tried = [dict(t.params) for t in done]
+        rest = [p for p in grid(new) if p not in tried]
         forced = rest if len(rest) <= hp.trials_per_extension else forced_points(sel["point"], space_, new)
         study = run_search(params, res, space_=new, level=len(levels), parent=study, forced=forced,
                            n_trials=len(done) + min(len(rest), hp.trials_per_extension), **kw)

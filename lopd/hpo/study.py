@@ -173,12 +173,8 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
             return ({"stage": "hpo" if arm == "lopd" else f"hpo-{arm}", "trial": trials[t].number, "split": "val"},
                     trial_run(trials[t].number, points[t], seed if len(seeds) > 1 else None))
 
-        # a population shares train.group_size: GRPO's trials train one population per group size
-        groups: dict = {}
-        for t, p in enumerate(points):
-            groups.setdefault(p.get("group_size"), []).append(t)
         out = [None] * len(points)
-        for idx in groups.values():
+        for idx in by_group_size(points):
             got = train_trials(params, res, arm, [trials[t] for t in idx], [{**fixed, **points[t]} for t in idx],
                                seeds=seeds, steps=horizon(params), val_every=hp.val_every,
                                naming=lambda i, seed, idx=idx: naming(idx[i], seed),
@@ -191,6 +187,15 @@ def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: in
                 suggest=suggest, train=train, make_sampler=None if worker else make_sampler,
                 on_batch=on_batch, fail_stale=False)
     return study
+
+
+def by_group_size(points: list[dict]) -> list[list[int]]:
+    """The indices of ``points`` grouped by their ``group_size`` (None: unset), in first-seen order: a population
+    shares ``train.group_size``, so GRPO's points train one population per group size."""
+    groups: dict = {}
+    for i, p in enumerate(points):
+        groups.setdefault(p.get("group_size"), []).append(i)
+    return list(groups.values())
 
 
 def distributions(space_: dict) -> dict:
@@ -247,10 +252,7 @@ def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None, *, ar
         first[t.number] = [float(v) for v in got]
     seeds = confirm_seeds(params)
     more = {**{n: v[n_first:] for n, v in have.items()}, **{t.number: [] for t in top}}
-    groups: dict = {}  # a population shares train.group_size: one population per group size
-    for t in top:
-        groups.setdefault(t.point.get("group_size"), []).append(t)
-    for group in groups.values() if seeds else ():
+    for group in ([[top[i] for i in idx] for idx in by_group_size([t.point for t in top])] if seeds else ()):
         def naming(p: int, seed: int, group=group) -> tuple[dict, str]:
             return ({"stage": "hpo-confirm" if arm == "lopd" else f"hpo-{arm}-confirm", "trial": group[p].number,
                      "split": "val"}, trial_run(group[p].number, group[p].point, seed))
