@@ -119,3 +119,74 @@ def test_points_group_by_group_size_in_first_seen_order():
            {"lr_student": 0.3, "group_size": 4}]
     assert by_group_size(pts) == [[0, 2], [1]]
     assert by_group_size([{"K": 4}, {"K": 8}]) == [[0, 1]]  # no group size: one population
+
+
+def _toy_knob(workspace, tmp_path, monkeypatch, reward, choices, **hpo):
+    """lopd_fixbeta's held-β grid through ``tune_baselines`` with ``train_points`` replaced by ``reward(β)``
+    (hand-made val rewards, two seeds alike): returns its baselines.yaml entry and the β values trained, call by
+    call."""
+    import yaml
+
+    from lopd.hpo import search
+    from lopd.population import points as points_mod
+    from lopd.population.points import Score
+
+    calls = []
+
+    def fake(params, res, arm, pts, seeds, **kw):
+        calls.append([pt["beta_fixed"] for pt in pts])
+        return [[Score(reward(pt["beta_fixed"]), [reward(pt["beta_fixed"])]) for _ in seeds] for pt in pts]
+
+    monkeypatch.setattr(points_mod, "train_points", fake)
+    p = workspace.params(hpo={"baseline_arms": ["lopd_fixbeta"], "beta_fixed_choices": choices,
+                              "seeds_per_trial": 2, **hpo})
+    sel = {"margin": 0.05, "K": 4, "n_ret": 1, "lr_student": 0.003}
+    out = search.tune_baselines(p, None, sel, tmp_path)
+    assert yaml.safe_load((tmp_path / "baselines.yaml").read_text()) == out
+    return out["lopd_fixbeta"], calls
+
+
+def test_a_held_beta_on_the_top_edge_is_extended_then_flagged(workspace, tmp_path, monkeypatch):
+    """Val reward rising with β: 50 (the top of 1, 5, 25, 50) extends by the grid's ratio there, 50/25: 100, then
+    200; after max_extensions = 2 the selected 200 is still on the edge and is flagged. Each extension trains
+    only its new value."""
+    got, calls = _toy_knob(workspace, tmp_path, monkeypatch, lambda b: b / 1000, [1.0, 5.0, 25.0, 50.0],
+                           max_extensions=2)
+    assert calls == [[1.0, 5.0, 25.0, 50.0], [100.0], [200.0]]
+    assert got["beta_fixed"] == 200.0 and set(got["values"]) == {"1.0", "5.0", "25.0", "50.0", "100.0", "200.0"}
+    rule = got["boundary_rule"]
+    assert [e["notes"] for e in rule["extensions"]] == [["beta_fixed: 50 is the highest choice; added 100"],
+                                                       ["beta_fixed: 100 is the highest choice; added 200"]]
+    assert rule["flag"] == ["beta_fixed"]
+
+
+def test_a_held_beta_stops_inside_and_zero_is_a_natural_bound(workspace, tmp_path, monkeypatch):
+    """A peak at 50 found by the first extension (100 scores less): the rule stops there, unflagged. A grid
+    whose best is β = 0 (no weight on φ's Δ term) is at a natural bound: no extension, no flag."""
+    got, calls = _toy_knob(workspace, tmp_path, monkeypatch, lambda b: -abs(b - 50.0), [5.0, 25.0, 50.0],
+                           max_extensions=2)
+    assert calls == [[5.0, 25.0, 50.0], [100.0]] and got["beta_fixed"] == 50.0
+    assert got["boundary_rule"]["flag"] == [] and len(got["boundary_rule"]["extensions"]) == 1
+    got, calls = _toy_knob(workspace, tmp_path, monkeypatch, lambda b: -b, [0.0, 5.0, 25.0], max_extensions=2)
+    assert calls == [[0.0, 5.0, 25.0]] and got["beta_fixed"] == 0.0
+    assert got["boundary_rule"] == {"max_extensions": 2, "extensions": [], "flag": [],
+                                    "natural_bounds": ["beta_fixed"]}
+
+
+def test_the_report_shows_the_held_betas_grid_and_its_flag():
+    """search.md's section for a one-knob grid: every value's val reward, the selected one, each extension and
+    the flag."""
+    from lopd.analysis.hpo_report import _knob_sections
+
+    b = {"knob": "beta_fixed", "beta_fixed": 100.0, "value": 0.5, "values": {"25.0": 0.4, "50.0": 0.45, "100.0": 0.5},
+         "boundary_rule": {"max_extensions": 1, "flag": ["beta_fixed"], "natural_bounds": [],
+                           "extensions": [{"after_values": 2, "selected": 50.0,
+                                           "notes": ["beta_fixed: 50 is the highest choice; added 100"]}]}}
+    runs = [{"arm": "lopd_fixbeta", "seed": s} for s in (1000, 1001)]
+    md = "\n".join(_knob_sections({"baselines": {"lopd_fixbeta": b, "sft": {"knob": "search"}},
+                                   "baseline_runs": runs}))
+    assert "## lopd_fixbeta's held β (one knob's grid)" in md and "sft" not in md
+    assert "3 values on val, each the mean of 2 seeds' runs; selected: 100" in md
+    assert "| 100.0 | 0.5000 | **selected** |" in md
+    assert "- extension 1, after 2 values (selected then: 50): beta_fixed: 50 is the highest choice; added 100" in md
+    assert "**Flagged: after the last extension the selected held β = 100 is still on an edge" in md

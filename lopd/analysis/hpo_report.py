@@ -195,6 +195,41 @@ def _arm_sections(search: dict) -> list[str]:
     return md
 
 
+def _knob_sections(search: dict) -> list[str]:
+    """Each arm tuned over one knob's grid (``hpo.baseline_arms``, e.g. lopd_fixbeta's held β): the val reward
+    of every value, the selected one, and what the boundary rule did with the grid's edges."""
+    md = []
+    for arm, b in sorted((search.get("baselines") or {}).items()):
+        if b.get("knob") == "search":
+            continue
+        knob = b.get("knob", "lr_student")
+        what = {"lr_student": "student lr", "beta_fixed": "held β"}.get(knob, knob)
+        by_value = sorted(b["values"].items(), key=lambda kv: float(kv[0]))  # yaml sorts keys as text
+        rows = [[v, fmt(r, 4), "**selected**" if float(v) == float(b[knob]) else ""] for v, r in by_value]
+        seeds = sorted({r["seed"] for r in search.get("baseline_runs") or [] if r.get("arm") == arm})
+        md += [f"## {arm}'s {what} (one knob's grid)", "",
+               f"{len(rows)} values on val, each the mean of {len(seeds) or '?'} seeds' runs; selected: {b[knob]:g} "
+               "(the highest mean val reward, the smaller value of an exact tie).", "",
+               md_table([what, "val reward", ""], rows), ""]
+        rule = b.get("boundary_rule")
+        if rule is None:
+            md += ["The boundary rule was not applied to this grid (an hpo run before it was).", ""]
+            continue
+        md.append(f"Boundary rule (the search's, `hpo.max_extensions` = {rule['max_extensions']}): "
+                  + ("no extension was made." if not rule["extensions"] else f"{len(rule['extensions'])} extension(s)."))
+        for i, e in enumerate(rule["extensions"], 1):
+            md.append(f"- extension {i}, after {e['after_values']} values (selected then: {e['selected']:g}): "
+                      + "; ".join(e["notes"]))
+        if rule["flag"]:
+            md += ["", f"**Flagged: after the last extension the selected {what} = {b[knob]:g} is still on an edge of "
+                       "its grid**: the optimum may lie outside the tuned range.", ""]
+        else:
+            nat = rule.get("natural_bounds") or []
+            md += ["", "The selected value is not on an edge the rule can extend"
+                   + (f" ({what} = 0 is a natural bound)." if nat else "."), ""]
+    return md
+
+
 def _confirm_section(sel: dict, heading: str = "##") -> list[str]:
     """The confirmed trials: each one's mean over every seed, its per-seed values and its difference to the best
     by seed (the test the selection ties by)."""
@@ -239,7 +274,7 @@ def render_search(search: dict | None, runs: dict) -> str:
     values = {num(t.get("value")) for t in search["trials"] if t.get("state") == "COMPLETE"}
     if len(values) == 1 and len([t for t in search["trials"] if t.get("state") == "COMPLETE"]) > 1:
         md += ["", "**Every completed trial scored exactly the same validation reward: the search told nothing apart.**"]
-    md += ["", *_arm_sections(search)]
+    md += ["", *_arm_sections(search), *_knob_sections(search)]
     md += ["## What each arm was tuned on (validation split only)", "", _tuning_table(search, runs)]
     return "\n".join(md)
 

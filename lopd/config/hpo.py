@@ -39,7 +39,8 @@ class HpoParams(Section):
     max_extensions: int = Field(ge=0, description=(
         "the boundary rule, registered before the search: a selected value on an edge of its coordinate's "
         "choices (not a natural bound) extends that coordinate one step and the search continues, at most this "
-        "many times per arm; a value still on an edge after the last is flagged"))
+        "many times per arm (and per one-knob grid of baseline_arms); a value still on an edge after the last is "
+        "flagged"))
     trials_per_extension: int = Field(ge=1, description="trials each extension adds to an arm's search")
     beta_fixed_choices: DistinctList[float, Bound(ge=0)] = Field(description="lopd_fixbeta's constant β values "
                                                                              "tuned on val")

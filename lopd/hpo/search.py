@@ -122,46 +122,72 @@ def tuned_knob(params, arm: str) -> tuple[str, list[float]]:
     return "lr_student", list(params.hpo.lr_choices)
 
 
+def knob_rule(knob: str, params) -> AxisRule:
+    """How a one-knob grid (``hpo.baseline_arms``) steps past an edge: the held β by the grid's ratio, with β = 0
+    (no weight on φ's Δ term) its natural bound; a learning rate as in the search (:func:`axis_rules`)."""
+    return AxisRule("ratio", floor=0.0) if knob == "beta_fixed" else axis_rules(params)[knob]
+
+
 def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None, searched: dict | None = None) -> dict:
     """Each arm of ``hpo.baseline_arms`` trained at every value of its knob (:func:`tuned_knob`; same
     horizon and seeds as a search trial, validation only; m, K, n_ret of the selected point where the arm
     reads them, and its learning rate too when the knob is not the rate): per arm, its values × seeds as
-    one population. Selected: the highest mean val reward, the smaller value among equal ones. Writes
+    one population. Selected: the highest mean val reward, the smaller value among equal ones. The boundary
+    rule holds here too: a selected value at an edge of the grid that is not a natural bound (:func:`knob_rule`)
+    adds the value one step past it, trained the same way, at most ``hpo.max_extensions`` times; a value still
+    on an extendable edge after the last is flagged (``boundary_rule`` in the arm's entry). Writes
     ``baselines.csv`` (every run) and ``baselines.yaml`` (arm -> knob, its value, val reward by value), where
     ``searched`` (arm -> its own search's selection, :func:`search_arm`) is written too, as
     ``knob: search``, ``knobs`` (what it searched) and each knob's value."""
     from lopd.arms import get_arm
-    from lopd.population.points import train_points
-    from lopd.tracking.names import baseline_run
 
-    hp, steps = params.hpo, horizon(params)
-    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
     rows = []
     chosen = {arm: {"knob": "search", "knobs": list(axes), **{k: got[k] for k in axes}, "value": float(got["value"]),
                     "trial": got["trial"], "selected_on": "val"}
               for arm, (axes, got) in (searched or {}).items()}
-    for arm in hp.baseline_arms:
+    for arm in params.hpo.baseline_arms:
         knob, values = tuned_knob(params, arm)
         fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
         if knob != "lr_student" and get_arm(arm).use_selected:
             fixed["lr_student"] = sel["lr_student"]
-
-        def naming(p: int, seed: int, arm=arm, knob=knob, values=values) -> tuple[dict, str]:
-            return {"stage": "hpo-baselines", "split": "val", knob: values[p]}, baseline_run(arm, values[p], seed, knob)
-
-        scores = train_points(params, res, arm, [{**fixed, knob: v} for v in values], seeds, steps=steps,
-                              val_every=hp.val_every, naming=naming,
-                              parent_run_id=parent_tracker.run_id if parent_tracker else None,
-                              label=f"baseline {arm}")
-        means = {}
-        for v, per_seed in zip(values, scores):
-            for seed, sc in zip(seeds, per_seed):
-                rows.append({"arm": arm, "knob": knob, "knob_value": v, "seed": seed, "val_reward": sc.val_reward})
-            means[v] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
-        best = max(sorted(means), key=lambda v: means[v])  # sorted: the smaller value wins an exact tie
-        chosen[arm] = {knob: float(best), "knob": knob, "value": float(means[best]), "selected_on": "val",
-                       "values": {str(v): float(m) for v, m in sorted(means.items())}}
+        chosen[arm] = _tune_knob(params, res, arm, knob, values, fixed, rows, parent_tracker)
     write_csv(out_dir / "baselines.csv", rows, BASELINE_COLUMNS)
     atomic_write_text(out_dir / "baselines.yaml", yaml.safe_dump(chosen, sort_keys=True))
     return chosen
 
+
+def _tune_knob(params, res, arm: str, knob: str, values: list[float], fixed: dict, rows: list,
+               parent_tracker) -> dict:
+    """``arm`` trained at each of ``values`` of ``knob`` (values × seeds as one population), then at each value
+    the boundary rule adds (one population per extension); appends every run to ``rows``; returns the arm's
+    ``baselines.yaml`` entry."""
+    from lopd.population.points import train_points
+    from lopd.tracking.names import baseline_run
+
+    hp, steps, rule = params.hpo, horizon(params), {knob: knob_rule(knob, params)}
+    seeds = [1000 + s for s in range(hp.seeds_per_trial)]
+    means, levels, todo = {}, [], list(values)
+    while True:
+        def naming(p: int, seed: int, todo=tuple(todo)) -> tuple[dict, str]:
+            return {"stage": "hpo-baselines", "split": "val", knob: todo[p]}, baseline_run(arm, todo[p], seed, knob)
+
+        scores = train_points(params, res, arm, [{**fixed, knob: v} for v in todo], seeds, steps=steps,
+                              val_every=hp.val_every, naming=naming,
+                              parent_run_id=parent_tracker.run_id if parent_tracker else None,
+                              label=f"baseline {arm}" + (f" (extension {len(levels)})" if levels else ""))
+        for v, per_seed in zip(todo, scores):
+            for seed, sc in zip(seeds, per_seed):
+                rows.append({"arm": arm, "knob": knob, "knob_value": v, "seed": seed, "val_reward": sc.val_reward})
+            means[v] = sum(sc.val_reward for sc in per_seed) / len(per_seed)
+        best = max(sorted(means), key=lambda v: means[v])  # sorted: the smaller value wins an exact tie
+        grid_ = {knob: sorted(means)}
+        grown, notes = extend(grid_, {knob: best}, rule)
+        if len(levels) >= hp.max_extensions or grown == grid_:
+            break
+        levels.append({"after_values": len(means), "selected": float(best), "notes": notes})
+        print(f"{arm}: boundary rule, extension {len(levels)}: " + "; ".join(notes))
+        todo = [v for v in grown[knob] if v not in means]
+    boundary = {"max_extensions": hp.max_extensions, "extensions": levels, "flag": flag(grid_, {knob: best}, rule),
+                "natural_bounds": [n.split(":")[0] for n in notes if n.endswith("natural bound")]}
+    return {knob: float(best), "knob": knob, "value": float(means[best]), "selected_on": "val",
+            "values": {str(v): float(m) for v, m in sorted(means.items())}, "boundary_rule": boundary}

@@ -1,6 +1,7 @@
 """Stage ``hpo``: Optuna TPE over m, K, n_ret and the student learning rate on the VALIDATION split only
 (resumable journal), then every arm of ``hpo.searched_arms`` searched alike over its own knobs, each with the
-registered boundary rule (:mod:`lopd.hpo.search`), then lopd_fixbeta's held β at the selected point."""
+registered boundary rule (:mod:`lopd.hpo.search`), then lopd_fixbeta's held β at the selected point (its grid
+under the same boundary rule)."""
 
 from __future__ import annotations
 
