@@ -44,6 +44,7 @@ TINY = {
               "checkpoint_every": 1, "use_best_params": False},
     "hpo": {"n_trials": 3, "steps": 2, "val_every": 1, "seeds_per_trial": 1, "n_ret_max": 2, "baseline_arms": [],
             "searched_arms": [], "max_extensions": 0, "group_size_choices": [2, 4]},
+    "confirm": {"efficiency_fractions": [], "efficiency_baseline": None},
 }
 
 

@@ -247,9 +247,15 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
         assert json.loads((runs / "registration.json").read_text())["sha256"] == reg["sha256"]
         assert (runs / "not_run.json").exists() == (slot >= len(reg["points"]))
     evals = sorted((repo / "confirm/eval").glob("*/*/seed-*/result.json"))
-    assert len(evals) == len(reg["points"]) * len(reg["arms"]["trained"]) * len(reg["seeds"]) + len(reg["seeds"])
+    # base and the efficiency baseline (shared), and each point's trained arms
+    assert len(evals) == len(reg["points"]) * len(reg["arms"]["trained"]) * len(reg["seeds"]) + 2 * len(reg["seeds"])
+    eff = reg["efficiency"]
+    assert eff["baseline"] == params["confirm"]["efficiency_baseline"] and eff["steps"] == [1]  # 2 steps: after 1
+    snaps = sorted((repo / "confirm/eval").glob("*/*/seed-*/snapshots/step-*/result.json"))
+    assert len(snaps) == 2 * len(eff["steps"]) * len(reg["seeds"])  # lopd at the selected point and the baseline
     assert all(json.loads(p.read_text())["splits_read"] == [{"split": "confirm", "role": "confirm_evaluate",
-               "sha256": reg["confirm_split"]["sha256"]}] for p in evals)
+               "sha256": reg["confirm_split"]["sha256"]}] for p in [*evals, *snaps])
+    assert "## On the confirmatory split (registered)" in (repo / "reports/efficiency.md").read_text()
     assert summary["confirmation"]["registration_sha256"] == reg["sha256"] and summary["confirmation"]["label"]
     assert (repo / "reports/figures/spec_curve.png").exists()
     assert summary["leakage_clean"] and summary["leakage_violations"] == 0

@@ -147,17 +147,28 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
     if finals.size == 0 or not totals or agg is None:
         info["missing"].append("validation curves / rollout counts")
         return info
-    total, target = float(np.mean(totals)), float(finals.mean())
+    total = float(np.mean(totals))
     # hold each seed's last value beyond its range so the mean curve is defined on the whole grid
     Y = np.array([np.where(np.isfinite(r), r, r[np.isfinite(r)][-1]) if np.isfinite(r).any() else r for r in agg["Y"]])
-    grid = agg["x"]
+    return info | curve_ratio(agg["x"], Y, finals, total, n_boot, confidence,
+                              min_bootstrap_seeds=min_bootstrap_seeds, bank_rollouts=bank_rollouts)
+
+
+def curve_ratio(grid: np.ndarray, Y: np.ndarray, finals: np.ndarray, total: float, n_boot: int,
+                confidence: float = st.DESCRIPTIVE_CONFIDENCE, *, min_bootstrap_seeds: int,
+                bank_rollouts: int = 0) -> dict:
+    """The efficiency ratio from curves: ``Y`` (lopd seeds × ``grid`` rollouts, a reward at each) first reaching
+    the mean of ``finals`` (GRPO's final reward per seed), over ``total`` (GRPO's mean rollouts); the point
+    estimate on lopd's mean curve, the percentile bootstrap over both arms' seeds (``default_rng(0)``) where
+    both have ``min_bootstrap_seeds``, and the same with the bank's rollouts added (:func:`efficiency`)."""
+    target = float(finals.mean())
     x_point = first_crossing(grid, np.nanmean(Y, axis=0)[None, :], np.array([target]))[0]
     point = {"target": target, "grpo_total": total, "x": float(x_point), "reached": bool(np.isfinite(x_point)),
              "ratio": float(x_point / total) if np.isfinite(x_point) else None, "n_lopd": Y.shape[0],
              "n_grpo": int(finals.size), "lopd_max_rollouts": float(grid[-1]), "bank_rollouts": int(bank_rollouts),
              "ratio_with_bank": float((x_point + bank_rollouts) / total) if np.isfinite(x_point) else None}
     if not st.bootstrap_allowed(min(Y.shape[0], finals.size), min_bootstrap_seeds):
-        return info | point | {"frac_reached": None, "ci_note": (
+        return point | {"frac_reached": None, "ci_note": (
             f"no CI: lopd has {Y.shape[0]} and grpo {finals.size} seeds, and a percentile bootstrap is reported "
             f"only from {min_bootstrap_seeds} seeds per arm (report.min_bootstrap_seeds)")}
     rng = np.random.default_rng(0)
@@ -166,8 +177,8 @@ def efficiency(runs, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
     rb = np.sort(first_crossing(grid, np.nanmean(Y[il], axis=1), finals[ig].mean(axis=1)) / total)
     lo, hi = st.percentile_interval(rb, confidence, outer_order_statistics=True)
     shift = bank_rollouts / total
-    return info | point | {"ci": (lo, hi), "ci_with_bank": (lo + shift, hi + shift),
-                           "frac_reached": float(np.mean(np.isfinite(rb)))}
+    return point | {"ci": (lo, hi), "ci_with_bank": (lo + shift, hi + shift),
+                    "frac_reached": float(np.mean(np.isfinite(rb)))}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -245,17 +256,23 @@ def _with_bank(eff: dict, confidence: float | None) -> list[str]:
                 "measured on val, the split the search selected on."]
 
 
-def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE) -> str:
+def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
+                      confirm: list[str] | None = None) -> str:
+    """``efficiency.md``; ``confirm``: the confirmatory split's section
+    (:func:`lopd.analysis.confirm_efficiency.render_confirm_efficiency`), put first, the val measurement after
+    it as the pilot's."""
     def r(v):
         return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
-    md = ["# Sample efficiency", "", "Figure: `figures/efficiency.png`; data: `plots/efficiency.csv`.", "",
+    md = ["# Sample efficiency", "", f"The paper claims lopd needs < {PAPER_EFFICIENCY_CLAIM:.0%} of GRPO's rollouts "
+          "to reach GRPO's final reward.", ""]
+    if confirm is not None:
+        md += [*confirm, "## On val (the pilot: the split the search selected on)", ""]
+    md += ["Figure: `figures/efficiency.png`; data: `plots/efficiency.csv`.", "",
           "Ratio = (rollouts lopd needs to first reach GRPO's final validation reward) / (GRPO's total rollouts). "
           "GRPO's final validation reward is the mean over seeds of each seed's last validation reward; the lopd "
           "curve is the mean over seeds, interpolated linearly in rollouts. "
-          f"CI: percentile bootstrap {confidence:.0%} ({n_boot} resamples of the seeds of both arms).", "",
-          f"The paper claims lopd needs < {PAPER_EFFICIENCY_CLAIM:.0%} of GRPO's rollouts to reach GRPO's final "
-          "reward.", ""]
+          f"CI: percentile bootstrap {confidence:.0%} ({n_boot} resamples of the seeds of both arms).", ""]
     if eff["missing"]:
         return "\n".join(md + ["MISSING: " + ", ".join(eff["missing"]) + " — ratio not computed."])
     lo, hi = eff["ci"]

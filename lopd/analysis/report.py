@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables, variance
 from lopd.analysis.calibration import NULLS, design_rates
+from lopd.analysis.confirm_efficiency import confirm_efficiency, render_confirm_efficiency
 from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
 from lopd.analysis.loading import (MEAN_COL, load_evals, load_not_run, load_premise, load_runs, load_task_table,
                                    values)
@@ -108,7 +109,7 @@ def _design_note(params, rule: Rule, fal: dict) -> str:
             f"false-claim rate least favourable {pct(other['least_favourable'])}.")
 
 
-def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra) -> dict:
+def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra, ceff=None) -> dict:
     return clean_json({
         "test_reward": {a: mt["cells"][a][MEAN_COL]["mean"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
         "test_ci_half": {a: mt["cells"][a][MEAN_COL]["ci_half"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
@@ -131,6 +132,9 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
         "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,
         "efficiency_ci": list(eff.get("ci", (None, None))),
         "efficiency_ratio_with_bank": eff.get("ratio_with_bank"),
+        "efficiency_confirm": ({k: ceff.get(k) for k in ("ratio", "ci", "ratio_with_bank", "ci_with_bank", "target",
+                                                         "grpo_total", "x", "reached", "n_lopd", "n_grpo")}
+                               if ceff and not ceff.get("missing") else None),
         "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in runs.values() for r in a.values()),
         "margin_flagged_runs": sum(1 for r in mdyn["rows"] if r["active"] and r["flags"]),
         "leakage_clean": bool(lk["clean"]), "leakage_violations": len(lk["violations"]),
@@ -191,7 +195,9 @@ def build_report(params, root: Path = Path("."), registration: dict | None = Non
     write_text(out / "margin_dynamics.md", dynamics.render_margin_dynamics(mdyn))
     bank_rollouts = params.envs.n_train * len(params.envs.domains) * params.bank.rollouts_per_task
     eff = dynamics.efficiency(runs, rp.n_boot, min_bootstrap_seeds=rp.min_bootstrap_seeds, bank_rollouts=bank_rollouts)
-    write_text(out / "efficiency.md", dynamics.render_efficiency(eff, rp.n_boot))
+    ceff = confirm_efficiency(root, registration, rp.n_boot, min_bootstrap_seeds=rp.min_bootstrap_seeds)
+    write_text(out / "efficiency.md", dynamics.render_efficiency(eff, rp.n_boot,
+                                                                 confirm=render_confirm_efficiency(ceff, rp.n_boot)))
     figures.margin_dynamics_png(out, mdyn["m"])
     figures.efficiency_png(out, eff)
     figures.learning_curves_png(out)
@@ -214,7 +220,7 @@ def build_report(params, root: Path = Path("."), registration: dict | None = Non
     write_text(out / "README.md", "\n".join(readme))
     summary = _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing,
                        {"metrics_rows": metric_rows, "plot_rows": plot_rows,
-                        "confirmation": confirm_report.summary(conf)})
+                        "confirmation": confirm_report.summary(conf)}, ceff)
     if params.bank.scripted_demos:  # the default report is unchanged
         _mark_path_check(out)
         summary["path_check"] = True

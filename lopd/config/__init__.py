@@ -33,6 +33,7 @@ from lopd.config.report import DesignParams, ReportParams, RuleParams
 from lopd.config.hpo import HpoParams, SensitivityParams
 from lopd.config.section import Section, record_reads, recorded_reads, unrecorded
 from lopd.config.shared import EnvParams, ModelParams, TrackingParams
+from lopd.arms import ARMS as ARM_REGISTRY
 from lopd.config.stages import ARMS, BankParams, BaseParams, ColdStartParams, EvalParams, ProbeParams
 from lopd.config.train import TrainParams
 from lopd.errors import BadInput
@@ -78,6 +79,9 @@ class Params(Section):
         if pilot & set(self.confirm.seeds):
             raise ValueError(f"confirm.seeds must be fresh: {sorted(pilot & set(self.confirm.seeds))} are seeds of the "
                              "pilot (train.seeds + train.extra_seeds)")
+        eb = self.confirm.efficiency_baseline
+        if eb is not None and (eb not in ARM_REGISTRY or not ARM_REGISTRY[eb].trains or eb == "lopd"):
+            raise ValueError(f"confirm.efficiency_baseline {eb!r} must be a training arm other than lopd")
         return self
 
     def section_hash(self, *names: str) -> str:

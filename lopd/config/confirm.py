@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from lopd.config.section import Bound, DistinctList, Section
+from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Section
 
 
 class ConfirmParams(Section):
@@ -21,8 +21,28 @@ class ConfirmParams(Section):
         "the registered smallest effect of interest: every contrast of the rule, in mean test reward; the design "
         "(power, seeds needed) is computed at it"))
 
+    efficiency_fractions: DistinctOrEmptyList[float, Bound(gt=0)] = Field(description=(
+        "registered checkpoints of the efficiency curve on the confirmatory split, as fractions of the training "
+        "steps: after round(f × steps) steps (at least 1, below the last, distinct; the last step's student is the "
+        "run's own) the selected point's lopd and the baseline keep their students, and confirm_evaluate evaluates "
+        "each; [] = no efficiency curve"))
+    efficiency_baseline: str | None = Field(description=(
+        "the arm lopd's efficiency is measured against (GRPO): trained at slot 0 on the confirmation seeds at its "
+        "own values tuned on val (hpo/baselines.yaml), evaluated at the same checkpoints; null = none"))
+
     @model_validator(mode="after")
     def _slots(self):
         if self.points != list(range(len(self.points))):
             raise ValueError(f"confirm.points must be 0, 1, ..., n - 1 (the slots of S), got {self.points}")
+        if any(f >= 1 for f in self.efficiency_fractions):
+            raise ValueError(f"confirm.efficiency_fractions must be < 1 (the last step's student is the run's own), "
+                             f"got {self.efficiency_fractions}")
+        if self.efficiency_fractions and self.efficiency_baseline is None:
+            raise ValueError("confirm.efficiency_fractions needs confirm.efficiency_baseline (the arm lopd is "
+                             "measured against)")
         return self
+
+    def efficiency_steps(self, steps: int) -> list[int]:
+        """The registered checkpoints for runs of ``steps`` steps: round(f × steps) for each fraction, at least 1,
+        below ``steps``, distinct, increasing."""
+        return sorted({max(1, round(f * steps)) for f in self.efficiency_fractions} - {steps})

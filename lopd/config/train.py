@@ -93,6 +93,11 @@ class TrainParams(Section):
             raise ValueError(f"train.extra_seeds must be seeds not in train.seeds {self.seeds}, got {s}")
         return self
 
+    def run_steps(self) -> int:
+        """A run's training steps: ``steps``, or ``rollout_budget // tasks_per_step`` (at least 1) when set."""
+        budget, per_step = self.rollout_budget, self.tasks_per_step  # both read: what the result depends on
+        return self.steps if budget is None else max(1, budget // per_step)
+
     def seeds_of(self, arm: str) -> list[int]:
         """Every training seed of ``arm``: ``seeds``, plus ``extra_seeds`` if it is an extra arm."""
         return [*self.seeds, *(self.extra_seeds if arm in self.extra_arms else [])]

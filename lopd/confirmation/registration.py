@@ -11,6 +11,8 @@ pilot's test results (allowed: the pilot is exploratory; they size the design, t
 * the design (:func:`design`): power of the primary and of the robust label at these seeds, from the pilot's
   per-seed contrast covariance inflated to its ``report.design.pilot_upper`` upper bound, the seeds each
   would need, and the false-claim rates under the null by simulation;
+* the efficiency curve (:func:`efficiency_part`): the checkpoints at which the selected point's lopd keeps its
+  student, the arm it is measured against and that arm's values tuned on val, the bank's rollouts;
 * the SHA-256 of each part and of the whole (:func:`seal`). :func:`load` refuses a file whose hashes do not
   match: ``confirm_train`` and ``confirm_evaluate`` read S and the seeds from it, and the report prints
   its hash first.
@@ -26,7 +28,7 @@ import numpy as np
 
 from lopd.errors import BadInput
 
-PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split")
+PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency")
 
 
 def _h(obj) -> str:
@@ -168,6 +170,33 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
     out["false_claim_boundary"] = max(
         joint_power(np.where(np.arange(k) == i, 0.0, far), cov_u, n_seeds, alpha=alpha, n_sim=n_sim) for i in range(k))
     return out
+
+
+def efficiency_part(params, baselines: dict, points: list[dict]) -> dict | None:
+    """What the efficiency curve on the confirmatory split registers (None: ``confirm.efficiency_baseline`` is
+    null): lopd at S's selected point keeps its student after each of ``confirm.efficiency_fractions``' steps (and its
+    last step's is the run's own); the baseline trains at slot 0 on the confirmation seeds at its values tuned on
+    val (``hpo/baselines.yaml``), kept at the same steps; the experience bank's base rollouts (train tasks ×
+    ``bank.rollouts_per_task``: one seed's bank draw) that LOPD retrieves from and the baseline does not need."""
+    cp = params.confirm
+    if cp.efficiency_baseline is None:
+        return None
+    b = baselines.get(cp.efficiency_baseline)
+    if not b:
+        raise BadInput(f"confirm.efficiency_baseline {cp.efficiency_baseline!r} was not tuned on val (hpo/baselines.yaml "
+                       "has no entry for it): add it to hpo.searched_arms or hpo.baseline_arms, or set "
+                       "confirm.efficiency_baseline: null")
+    knobs = b.get("knobs") or [b["knob"]]
+    return {"arm": "lopd", "point": points[0]["name"], "baseline": cp.efficiency_baseline,
+            "baseline_hparams": {k: b[k] for k in knobs}, "steps": cp.efficiency_steps(params.train.run_steps()),
+            "bank_rollouts": params.envs.n_train * len(params.envs.domains) * params.bank.rollouts_per_task}
+
+
+def slot_arms(reg: dict, slot: int) -> list[str]:
+    """The arms trained at ``slot`` (``confirm_train@slot``, and evaluated by ``confirm_evaluate``): the rule's
+    trained arms; at slot 0 also the shared ones (base) and the efficiency baseline (not point-dependent)."""
+    extra = [*reg["arms"]["shared"], *([reg["efficiency"]["baseline"]] if reg.get("efficiency") else [])]
+    return [*reg["arms"]["trained"], *(a for a in dict.fromkeys(extra) if a not in reg["arms"]["trained"] and slot == 0)]
 
 
 def seal(reg: dict) -> dict:

@@ -54,7 +54,7 @@ from lopd.training.trainer import HParams, Resources, Trainer
 # what every member of one population shares (they step, validate and checkpoint together, and
 # their rollouts share one batch)
 SHARED = ("steps", "tasks_per_step", "group_size", "temperature", "val_every", "val_tasks", "val_samples_per_task",
-          "checkpoint_every", "max_new_tokens", "max_len", "recompute_context_passes")
+          "checkpoint_every", "max_new_tokens", "max_len", "recompute_context_passes", "snapshot_steps")
 
 
 @dataclass

@@ -2,7 +2,9 @@
 rule on every confirmation seed, one population per arm (:mod:`lopd.population`), to
 ``confirm/runs/p<slot>/<arm>/seed-<s>``. Seed s reads its own draw (``confirm_draw@s``), the same at every
 point. The point's m, K, n_ret and lr apply to every arm, except lopd_frozen's lr: its own, tuned on val.
-A slot beyond S's size writes ``not_run.json`` saying so. ``base`` does not train: slot 0 holds its
+Slot 0 also trains the registered efficiency baseline (GRPO, at its own values tuned on val), and lopd there and
+the baseline keep their students at the registered efficiency checkpoints (``snapshots/step-<t>``). A slot
+beyond S's size writes ``not_run.json`` saying so. ``base`` does not train: slot 0 holds its
 students (shared by every point). The registration's hash is written beside the runs once they are all
 done (``confirm_evaluate`` refuses runs without it, or under another), and keys their checkpoints."""
 
@@ -13,12 +15,20 @@ from lopd.paths import NOT_RUN, Paths, REGISTRATION_MARKER as MARKER
 from lopd.utils import write_json
 
 
-def point_hparams(point: dict, arm: str) -> dict:
-    """The hyper-parameters the registration fixes for ``arm`` at ``point``."""
+def point_hparams(point: dict, arm: str, efficiency: dict | None = None) -> dict:
+    """The hyper-parameters the registration fixes for ``arm`` at ``point``; with the registration's ``efficiency``
+    part, its baseline's own tuned values, and the efficiency checkpoints (``snapshot_steps``) for lopd at the
+    efficiency point and for the baseline."""
+    eff = efficiency or {}
+    if arm == eff.get("baseline"):
+        return {**eff["baseline_hparams"], "snapshot_steps": tuple(eff["steps"])}
     hp = {"margin": point["margin"], "K": point["K"], "n_ret": point["n_ret"], "lr_student": point["lr_student"]}
     if arm == "lopd_frozen":
         hp["lr_student"] = point["lr_frozen"]
+    if arm == eff.get("arm") and point["name"] == eff.get("point"):
+        hp["snapshot_steps"] = tuple(eff["steps"])
     return hp
+
 
 
 def run(params: Params, paths: Paths, slot: int) -> dict:
@@ -43,13 +53,13 @@ def run(params: Params, paths: Paths, slot: int) -> dict:
         print(f"confirm slot {slot}: not run: {why}")
         return {}
     point, seeds = reg["points"][slot], reg["seeds"]
-    arms = [*reg["arms"]["trained"], *(reg["arms"]["shared"] if slot == 0 else [])]
+    arms = regmod.slot_arms(reg, slot)
     res = load_resources(params, paths, role="train", need_bank=True, draw=seeds[0], dirs=paths.confirm_draw(seeds[0]))
     results = {}
     key = reg["sha256"][:12]  # checkpoints of another registration (other S, seeds or rule) are never resumed
     for arm in arms:
         spec = get_arm(arm)
-        hp = job_hparams(params, spec, None, point_hparams(point, arm))
+        hp = job_hparams(params, spec, None, point_hparams(point, arm, reg.get("efficiency")))
         tags = {"stage": "confirm_train", "point": point["name"], "trial": str(point["trial"]),
                 "registration": reg["sha256"][:16]}
         jobs = [Job(s, hp, out / arm / f"seed-{s}", tags=tags, run_name=f"confirm {point['name']} · {arm} · seed {s}",

@@ -68,6 +68,7 @@ def run(params: Params, paths: Paths) -> dict:
            "seeds": list(cp.seeds), "effect": cp.effect, "design": design,
            "confirm_split": {"manifest_sha256": sha256_file(paths.confirm_split / "manifest.json"),
                              "sha256": cmanifest["file"]["sha256"], "n": cmanifest["file"]["n"]},
+           "efficiency": regmod.efficiency_part(params, baselines, points),
            "inputs": {str(p.relative_to(paths.root)): sha256_file(p) for p in
                       (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
                       if p.exists()}}

@@ -95,6 +95,8 @@ def trainer_tensors(tr) -> dict[str, torch.Tensor]:
     if tr.composer is not None:
         t.update({f"composer.{k}": v for k, v in tr.composer.state().items()})
     t.update({f"context.{k}": v for k, v in tr.context.state().items()})
+    for step, (_, snap) in getattr(tr, "snapshots", {}).items():
+        t.update({f"snapshot-{step}.{k}": v for k, v in snap.items()})
     return t
 
 
@@ -108,7 +110,8 @@ def trainer_state(tr, extra: dict | None = None) -> dict:
     return {"step": tr.step, "rollouts_used": tr.rollouts_used, "beta": tr.beta, "history": tr.history,
             "opt_theta": tr.opt_theta.state_dict(), "opt_phi": tr.opt_phi.state_dict() if tr.opt_phi else None,
             "rng": _rng_state(tr.py_rng, tr.gen), "infeasible_streak": tr.infeasible_streak,
-            "infeasible": tr.infeasible, "last_val": tr.last_val, **(extra or {})}
+            "infeasible": tr.infeasible, "last_val": tr.last_val,
+            "snapshots": {str(k): n for k, (n, _) in getattr(tr, "snapshots", {}).items()}, **(extra or {})}
 
 
 def load_trainer_state(tr, tensors: dict[str, torch.Tensor], state: dict) -> None:
@@ -124,6 +127,7 @@ def load_trainer_state(tr, tensors: dict[str, torch.Tensor], state: dict) -> Non
     tr.history = state["history"]
     tr.infeasible_streak, tr.infeasible, tr.last_val = state["infeasible_streak"], state["infeasible"], state["last_val"]
     _set_rng_state(state["rng"], tr.py_rng, tr.gen)
+    tr.snapshots = {int(k): (n, prefixed(tensors, f"snapshot-{k}.")) for k, n in (state.get("snapshots") or {}).items()}
 
 
 def save_trainer(tr, ckpt_dir: Path, extra: dict | None = None) -> None:

@@ -1,7 +1,8 @@
 """The training loop, one for a run alone and for a population of runs.
 
 :func:`fit` owns *when* things happen: the step-0 validation, a validation every ``val_every``
-steps and at the last step, a checkpoint every ``checkpoint_every`` steps and at the last step,
+steps and at the last step, a checkpoint every ``checkpoint_every`` steps and at the last step, each run's
+student adapter kept at ``hp.snapshot_steps`` (``Trainer.snapshots``; written beside its outputs),
 progress after every step, and the stop condition (``hp.steps`` steps, or none for an arm that
 does not train). *How* a step, a validation or a checkpoint is done is the stepper's:
 
@@ -20,6 +21,11 @@ from typing import Callable, Protocol
 def is_validation_step(step: int, hp) -> bool:
     """Whether the loop validates after ``step`` (every ``val_every`` steps, and at the last)."""
     return step % hp.val_every == 0 or step == hp.steps
+
+
+def is_snapshot_step(step: int, hp) -> bool:
+    """Whether the loop keeps each run's student adapter after ``step`` (``hp.snapshot_steps``)."""
+    return step in getattr(hp, "snapshot_steps", ())
 
 
 def is_checkpoint_step(step: int, hp) -> bool:
@@ -99,6 +105,10 @@ def fit(stepper: Stepper, progress: Callable[[int, list[dict]], None] | None = N
             tr.record(row)
         if progress is not None:
             progress(step, rows)
+        if is_snapshot_step(step, hp):  # before the checkpoint: a resumed run keeps it
+            for tr in trs:
+                tr.snapshots[step] = (tr.rollouts_used, {k: v.detach().clone()
+                                                         for k, v in tr.bb.adapter_state("student").items()})
         if is_checkpoint_step(step, hp):
             stepper.save()
     for tr in trs:

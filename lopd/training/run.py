@@ -173,6 +173,9 @@ def _write_outputs(out_dir: Path, res, trainer, result: dict, splits: list) -> N
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_tensors(out_dir / "student.safetensors", res.bb.adapter_state("student"))
+    for step, (rollouts, snap) in sorted(trainer.snapshots.items()):  # hp.snapshot_steps: the student then
+        save_tensors(out_dir / "snapshots" / f"step-{step}" / "student.safetensors", snap)
+        write_json(out_dir / "snapshots" / f"step-{step}" / "snapshot.json", {"step": step, "rollouts_used": rollouts})
     if trainer.composer is not None:
         save_tensors(out_dir / "composer.safetensors", trainer.composer.state())
     write_csv(out_dir / "history.csv", trainer.history, [c for c in HISTORY_COLUMNS if c != "seconds"])

@@ -85,6 +85,8 @@ class HParams:
     recompute_context_passes: bool
     max_new_tokens: int
     max_len: int
+    # the steps after which the student's adapter is kept (a registered efficiency curve); () = none
+    snapshot_steps: tuple[int, ...] = ()
 
     @classmethod
     def from_params(cls, params, **over) -> "HParams":
@@ -92,11 +94,10 @@ class HParams:
         from dataclasses import fields
 
         tp = params.train
-        names = [f.name for f in fields(cls) if f.name not in ("max_new_tokens", "max_len")]
+        names = [f.name for f in fields(cls) if f.name not in ("max_new_tokens", "max_len", "snapshot_steps")]
         d = {n: getattr(tp, n) for n in names}
         d.update(max_new_tokens=params.evaluate.max_new_tokens, max_len=params.model.max_seq_len)
-        if tp.rollout_budget is not None:
-            d["steps"] = max(1, tp.rollout_budget // tp.tasks_per_step)
+        d["steps"] = tp.run_steps()
         d.update({k: v for k, v in over.items() if v is not None})
         return cls(**d)
 
@@ -157,6 +158,8 @@ class Trainer:
         self.infeasible = False
         self.last_val: float | None = None
         self.last_val_per_task: list[float] = []  # per val task: mean reward over its samples (last validate)
+        # step -> (rollouts used by then, the student's adapter then): hp.snapshot_steps' snapshots
+        self.snapshots: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
 
     @staticmethod
     def _check(res: Resources, arm: ArmSpec, hp: HParams) -> None:
