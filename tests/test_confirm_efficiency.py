@@ -12,6 +12,7 @@ from lopd.arms import ARMS
 from lopd.errors import BadInput
 from lopd.population.trainer import Member, Population
 from lopd.training.trainer import HParams
+from tests.test_population import killed_in_step
 
 
 def _hp(workspace, **over) -> HParams:
@@ -48,17 +49,8 @@ def test_snapshots_survive_a_kill_and_a_resume(resources, workspace, tmp_path, m
     hp = _hp(workspace, steps=4, checkpoint_every=2, snapshot_steps=(1, 3))
     whole = Population(resources, ARMS["sft"], [Member(hp, s) for s in (0, 3)], ckpt_dir=tmp_path / "whole")
     whole.fit()
-    calls, passes = {"n": 0}, Population._passes
-
-    def killed_in_step_4(self, batches):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt("killed")
-        return passes(self, batches)
-    monkeypatch.setattr(Population, "_passes", killed_in_step_4)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_in_step(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
         Population(resources, ARMS["sft"], [Member(hp, s) for s in (0, 3)], ckpt_dir=tmp_path / "killed").fit()
-    monkeypatch.setattr(Population, "_passes", passes)
     resumed = Population(resources, ARMS["sft"], [Member(hp, s) for s in (0, 3)], ckpt_dir=tmp_path / "killed")
     assert resumed.fit()["resumed_from_step"] == 2
     for a, b in zip(whole.trainers, resumed.trainers):
@@ -86,11 +78,12 @@ def test_the_registration_fixes_the_baseline_its_values_and_the_checkpoints(work
     with pytest.raises(BadInput, match="was not tuned on val"):
         efficiency_part(p, {}, pts)
     assert efficiency_part(workspace.params(), base, pts) is None  # no baseline registered
-    assert point_hparams(pts[0], "lopd", eff)["snapshot_steps"] == (1,)
-    assert "snapshot_steps" not in point_hparams(pts[1], "lopd", eff)
-    assert "snapshot_steps" not in point_hparams(pts[0], "lopd_frozen", eff)
-    assert point_hparams(pts[1], "grpo", eff) == {"lr_student": 0.005, "group_size": 4, "snapshot_steps": (1,)}
     reg = {"arms": {"trained": ["lopd", "lopd_frozen"], "shared": ["base"]}, "efficiency": eff}
+    assert point_hparams(reg, pts[0], "lopd") == {"margin": 0.1, "K": 4, "n_ret": 2, "lr_student": 0.005,
+                                                  "snapshot_steps": (1,)}
+    assert "snapshot_steps" not in point_hparams(reg, pts[1], "lopd")
+    assert point_hparams(reg, pts[0], "lopd_frozen") == {"margin": 0.1, "K": 4, "n_ret": 2, "lr_student": 0.002}
+    assert point_hparams(reg, pts[1], "grpo") == {"lr_student": 0.005, "group_size": 4, "snapshot_steps": (1,)}
     assert slot_arms(reg, 0) == ["lopd", "lopd_frozen", "base", "grpo"] and slot_arms(reg, 1) == ["lopd", "lopd_frozen"]
     # 2 steps: 0.25 and 0.5 round to step 1, 0.75 to the last (the run's own student): one checkpoint
     assert p.confirm.efficiency_steps(2) == [1] and p.confirm.efficiency_steps(96) == [24, 48, 72]

@@ -15,6 +15,8 @@ to tolerances, on any x86-64 CPU:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -126,6 +128,23 @@ def _snapshot(pop: Population) -> list:
     return out
 
 
+@contextmanager
+def killed_in_step(monkeypatch, n: int):
+    """Within the block, the n-th population step is killed inside its passes (KeyboardInterrupt)."""
+    calls, passes = {"n": 0}, Population._passes
+
+    def killed(self, batches):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt("killed")
+        return passes(self, batches)
+    monkeypatch.setattr(Population, "_passes", killed)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(Population, "_passes", passes)
+
+
 def test_a_population_killed_mid_step_resumes_bit_identically(resources, workspace, tmp_path, monkeypatch):
     """Killed inside step 4 (after the checkpoint of step 2), a new process's population resumes at
     step 2 and ends where the uninterrupted one ends: every member's weights, optimiser state, β and
@@ -136,18 +155,8 @@ def test_a_population_killed_mid_step_resumes_bit_identically(resources, workspa
     whole.fit()
     expected = _snapshot(whole)
 
-    calls = {"n": 0}
-    passes = Population._passes
-
-    def killed_in_step_4(self, batches):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt("killed")
-        return passes(self, batches)
-    monkeypatch.setattr(Population, "_passes", killed_in_step_4)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_in_step(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
         Population(resources, ARMS["lopd"], members, ckpt_dir=tmp_path / "killed").fit()
-    monkeypatch.setattr(Population, "_passes", passes)
     resumed = Population(resources, ARMS["lopd"], members, ckpt_dir=tmp_path / "killed")
     assert resumed.fit()["resumed_from_step"] == 2
     got = _snapshot(resumed)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from lopd.analysis import stats as st
-from lopd.analysis.dynamics import PAPER_EFFICIENCY_CLAIM, curve_ratio
+from lopd.analysis.dynamics import PAPER_EFFICIENCY_CLAIM, curve_ratio, ratio_text
 from lopd.errors import BadInput
 
 EVAL_DIR = Path("confirm") / "eval"
@@ -32,26 +32,24 @@ def load_curves(root: Path, reg: dict) -> dict:
     eff = reg["efficiency"]
     where = {eff["arm"]: eff["point"], eff["baseline"]: "shared"}
 
-    def read(f: Path) -> dict | None:
-        r = json.loads(f.read_text())
+    def read(d: Path) -> dict | None:  # None: absent, or evaluated under another registration
+        f = d / "result.json"
+        r = json.loads(f.read_text()) if f.exists() else {}
         return r if r.get("registration") == reg["sha256"] else None
 
     base = {}
-    for f in sorted((root / EVAL_DIR / "shared" / "base").glob("seed-*/result.json")):
-        r = read(f)
+    for s in reg["seeds"]:
+        r = read(root / EVAL_DIR / "shared" / "base" / f"seed-{s}")
         if r is not None:
-            base[int(r["seed"])] = float(r["test_reward"])
+            base[s] = float(r["test_reward"])
     curves: dict = {}
     for arm, point in where.items():
         for s in reg["seeds"]:
             d = root / EVAL_DIR / point / arm / f"seed-{s}"
-            pts = [read(d / "snapshots" / f"step-{t}" / "result.json") if (d / "snapshots" / f"step-{t}" /
-                                                                           "result.json").exists() else None
-                   for t in eff["steps"]]
-            final = read(d / "result.json") if (d / "result.json").exists() else None
-            if final is None or any(p is None for p in pts) or s not in base:
+            got = [read(d / "snapshots" / f"step-{t}") for t in eff["steps"]] + [read(d)]  # the checkpoints, the end
+            if any(r is None for r in got) or s not in base:
                 continue
-            rows = [(0.0, base[s])] + [(float(p["rollouts_used"]), float(p["test_reward"])) for p in [*pts, final]]
+            rows = [(0.0, base[s])] + [(float(r["rollouts_used"]), float(r["test_reward"])) for r in got]
             if any(b[0] <= a[0] for a, b in zip(rows, rows[1:])):
                 raise BadInput(f"{d}: the efficiency checkpoints' rollouts are not increasing: {rows}")
             curves.setdefault(arm, {})[s] = rows
@@ -110,9 +108,7 @@ def render_confirm_efficiency(ce: dict | None, n_boot: int, confidence: float = 
            f"| {e['baseline']} (mean of {len(base_rows)} seeds; at rollouts "
            + ", ".join(f"{x:.0f}" for x in grid_b) + ") | " + " | ".join(f"{v:.3f}" for v in mean_b) + " |", ""]
 
-    def r(v):
-        return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
-
+    r = ratio_text
     lo, hi = ce.get("ci", (None, None))
     lob, hib = ce.get("ci_with_bank", (None, None))
     ci = "" if lo is None else f", {confidence:.0%} CI [{r(lo)}, {r(hi)}]"

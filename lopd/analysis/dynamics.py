@@ -256,13 +256,17 @@ def _with_bank(eff: dict, confidence: float | None) -> list[str]:
                 "measured on val, the split the search selected on."]
 
 
+def ratio_text(v: float | None) -> str:
+    """A ratio or a CI bound as the efficiency sections print it: 3 decimals, or "not reached" (None, inf)."""
+    return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
+
+
 def render_efficiency(eff: dict, n_boot: int, confidence: float = st.DESCRIPTIVE_CONFIDENCE,
                       confirm: list[str] | None = None) -> str:
     """``efficiency.md``; ``confirm``: the confirmatory split's section
     (:func:`lopd.analysis.confirm_efficiency.render_confirm_efficiency`), put first, the val measurement after
     it as the pilot's."""
-    def r(v):
-        return "not reached" if v is None or not math.isfinite(v) else f"{v:.3f}"
+    r = ratio_text
 
     md = ["# Sample efficiency", "", f"The paper claims lopd needs < {PAPER_EFFICIENCY_CLAIM:.0%} of GRPO's rollouts "
           "to reach GRPO's final reward.", ""]

@@ -199,6 +199,16 @@ def slot_arms(reg: dict, slot: int) -> list[str]:
     return [*reg["arms"]["trained"], *(a for a in dict.fromkeys(extra) if a not in reg["arms"]["trained"] and slot == 0)]
 
 
+def snapshot_steps(reg: dict, point_name: str, arm: str) -> list[int]:
+    """The registered efficiency checkpoints at which ``arm`` at point ``point_name`` keeps its student: the
+    efficiency baseline's (at every point: it is trained once, at slot 0) and lopd's at the efficiency point; []
+    for every other run."""
+    eff = reg.get("efficiency") or {}
+    if arm == eff.get("baseline") or (arm == eff.get("arm") and point_name == eff.get("point")):
+        return list(eff["steps"])
+    return []
+
+
 def seal(reg: dict) -> dict:
     """``reg`` with ``hashes`` (SHA-256 of each part's canonical JSON) and ``sha256`` (of everything else)."""
     body = {k: v for k, v in reg.items() if k not in ("hashes", "sha256")}

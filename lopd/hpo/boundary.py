@@ -76,3 +76,14 @@ def flag(space: dict[str, list], point: dict, rules: dict[str, AxisRule]) -> lis
     """The axes whose selected value is still on an extendable edge (after the last extension)."""
     _, notes = extend(space, point, rules)
     return [n.split(":")[0] for n in notes if "added" in n]
+
+
+def record(space: dict[str, list], point: dict, rules: dict[str, AxisRule], extensions: list[dict],
+           max_extensions: int) -> dict:
+    """What the rule did, as ``selection.json`` and ``baselines.yaml`` keep it: the ``extensions`` made, the axes
+    whose selected value is still on an extendable edge of the final ``space`` (``flag``), and those at a natural
+    bound."""
+    _, notes = extend(space, point, rules)
+    return {"max_extensions": max_extensions, "extensions": extensions,
+            "flag": [n.split(":")[0] for n in notes if "added" in n],
+            "natural_bounds": [n.split(":")[0] for n in notes if n.endswith("natural bound")]}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from lopd.hpo.boundary import AxisRule, extend, flag
+from lopd.hpo.boundary import AxisRule, extend, record
 from lopd.hpo.study import BASELINE_COLUMNS, horizon
 from lopd.utils import atomic_write_text, write_csv
 
@@ -96,9 +96,7 @@ def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_
         study = run_search(params, res, space_=new, level=len(levels), parent=study, forced=forced,
                            n_trials=len(done) + min(len(rest), hp.trials_per_extension), **kw)
         space_ = new
-    flagged = flag(space_, sel["point"], rules)
-    boundary = {"max_extensions": hp.max_extensions, "extensions": levels, "flag": flagged,
-                "natural_bounds": [n.split(":")[0] for n in notes if n.endswith("natural bound")]}
+    boundary = record(space_, sel["point"], rules, levels, hp.max_extensions)
     return write_outputs(study, out_dir, params, have, arm=arm, space_=space_, boundary=boundary), study
 
 
@@ -187,7 +185,6 @@ def _tune_knob(params, res, arm: str, knob: str, values: list[float], fixed: dic
         levels.append({"after_values": len(means), "selected": float(best), "notes": notes})
         print(f"{arm}: boundary rule, extension {len(levels)}: " + "; ".join(notes))
         todo = [v for v in grown[knob] if v not in means]
-    boundary = {"max_extensions": hp.max_extensions, "extensions": levels, "flag": flag(grid_, {knob: best}, rule),
-                "natural_bounds": [n.split(":")[0] for n in notes if n.endswith("natural bound")]}
     return {knob: float(best), "knob": knob, "value": float(means[best]), "selected_on": "val",
-            "values": {str(v): float(m) for v, m in sorted(means.items())}, "boundary_rule": boundary}
+            "values": {str(v): float(m) for v, m in sorted(means.items())},
+            "boundary_rule": record(grid_, {knob: best}, rule, levels, hp.max_extensions)}

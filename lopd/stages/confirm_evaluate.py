@@ -29,11 +29,10 @@ def run(params: Params, paths: Paths) -> dict:
         if (runs / NOT_RUN).exists():
             continue
         point = reg["points"][slot]
-        eff = reg.get("efficiency") or {}
+        baseline = (reg.get("efficiency") or {}).get("baseline")
         for arm in regmod.slot_arms(reg, slot):
-            shared = arm in reg["arms"]["shared"] or arm == eff.get("baseline")  # not point-dependent
-            where = "shared" if shared else point["name"]
-            steps = eff["steps"] if arm == eff.get("baseline") or (arm == eff.get("arm") and where == eff["point"]) else []
+            where = "shared" if arm in reg["arms"]["shared"] or arm == baseline else point["name"]  # not point-dependent
+            steps = regmod.snapshot_steps(reg, point["name"], arm)
             for s in reg["seeds"]:
                 run_dir = runs / arm / f"seed-{s}"
                 if not (run_dir / "result.json").exists():

@@ -15,20 +15,20 @@ from lopd.paths import NOT_RUN, Paths, REGISTRATION_MARKER as MARKER
 from lopd.utils import write_json
 
 
-def point_hparams(point: dict, arm: str, efficiency: dict | None = None) -> dict:
-    """The hyper-parameters the registration fixes for ``arm`` at ``point``; with the registration's ``efficiency``
-    part, its baseline's own tuned values, and the efficiency checkpoints (``snapshot_steps``) for lopd at the
-    efficiency point and for the baseline."""
-    eff = efficiency or {}
-    if arm == eff.get("baseline"):
-        return {**eff["baseline_hparams"], "snapshot_steps": tuple(eff["steps"])}
-    hp = {"margin": point["margin"], "K": point["K"], "n_ret": point["n_ret"], "lr_student": point["lr_student"]}
-    if arm == "lopd_frozen":
-        hp["lr_student"] = point["lr_frozen"]
-    if arm == eff.get("arm") and point["name"] == eff.get("point"):
-        hp["snapshot_steps"] = tuple(eff["steps"])
-    return hp
+def point_hparams(reg: dict, point: dict, arm: str) -> dict:
+    """The hyper-parameters registration ``reg`` fixes for ``arm`` at ``point``: the point's, or the efficiency
+    baseline's own tuned values; and the efficiency checkpoints where it registers them (``snapshot_steps``)."""
+    from lopd.confirmation import registration as regmod
 
+    eff = reg.get("efficiency") or {}
+    if arm == eff.get("baseline"):
+        hp = dict(eff["baseline_hparams"])
+    else:
+        hp = {"margin": point["margin"], "K": point["K"], "n_ret": point["n_ret"], "lr_student": point["lr_student"]}
+        if arm == "lopd_frozen":
+            hp["lr_student"] = point["lr_frozen"]
+    steps = regmod.snapshot_steps(reg, point["name"], arm)
+    return {**hp, "snapshot_steps": tuple(steps)} if steps else hp
 
 
 def run(params: Params, paths: Paths, slot: int) -> dict:
@@ -59,7 +59,7 @@ def run(params: Params, paths: Paths, slot: int) -> dict:
     key = reg["sha256"][:12]  # checkpoints of another registration (other S, seeds or rule) are never resumed
     for arm in arms:
         spec = get_arm(arm)
-        hp = job_hparams(params, spec, None, point_hparams(point, arm, reg.get("efficiency")))
+        hp = job_hparams(params, spec, None, point_hparams(reg, point, arm))
         tags = {"stage": "confirm_train", "point": point["name"], "trial": str(point["trial"]),
                 "registration": reg["sha256"][:16]}
         jobs = [Job(s, hp, out / arm / f"seed-{s}", tags=tags, run_name=f"confirm {point['name']} · {arm} · seed {s}",
