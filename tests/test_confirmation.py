@@ -369,5 +369,5 @@ def test_the_robust_labels_seeds_needed_starts_at_the_sign_flip_floor():
     rng = np.random.default_rng(0)
     contrasts = 0.5 + rng.normal(0, 0.001, (10, 2))
     d = regmod.design(["a", "b"], contrasts, effect=0.5, n_seeds=10, n_points=3, alpha=0.05, power=0.8, upper=0.8,
-                      n_sim=200)
+                      n_sim=200, n_sim_null=200)
     assert d["seeds_needed_primary"] == 5 and d["seeds_needed_robust"] == 5 and d["max_n"] == 200
