@@ -178,3 +178,27 @@ def test_the_boundary_false_claim_rate_is_alpha_less_the_chance_another_test_fai
     null = boundary_false_claim(0, np.zeros(3), cov, 12, alpha=0.05, n_sim=20000)
     assert abs(null["rate"] - 0.000125) < 4 * null["rate_se"]
     assert abs(null["raw"] - 0.000125) < 4 * max(null["raw_se"], 1e-4)
+
+
+def test_the_design_section_says_which_of_primary_and_robust_label_is_powered():
+    """design_lines, by hand, on the three cases: the primary under-powered (the warning of a weak test), the
+    primary powered and the robust label not (robustness weakly tested), both powered (said so, with figures)."""
+    from lopd.analysis.confirm_report import design_lines
+
+    d = {"pilot_n": 10, "upper": 0.8, "factor": 1.67, "effect": 0.04, "alpha": 0.05, "n_sim": 400, "n_seeds": 32,
+         "power_target": 0.8, "power_primary": 0.93, "seeds_needed_primary": 22, "n_points": 3, "power_robust": 0.81,
+         "seeds_needed_robust": 32, "tests": ["t"], "sd": [0.05], "sd_upper": [0.065], "n_sim_null": 20000,
+         "false_claim_all_null": 0.0, "false_claim_boundary": 0.05, "false_claim_se": 0.0,
+         "false_claim_by_boundary": [0.05], "false_claim_raw": [0.05], "false_claim_raw_se": [0.0015]}
+
+    def text(**kw):
+        return "\n".join(design_lines({"design": {**d, **kw}}))
+
+    both = text()
+    assert ("Powered by its own registered design: 32 seeds give the primary power 0.93 and the robust label at "
+            "least 0.81 at effect 0.04, against the 80% asked.") in both and "Under-powered" not in both
+    robust = text(power_robust=0.5)
+    assert "**The primary is powered (0.93), the robust label is not: 32 seeds give it power 0.50" in robust
+    weak = text(n_seeds=10, power_primary=0.3, power_robust=0.03)
+    assert "**Under-powered by its own registered design: 10 seeds give power 0.30" in weak
+    assert "robust label is not" not in weak and "Powered by" not in weak
