@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup repro test test-e2e bench mlflow-server external-data
+.PHONY: setup repro test test-unit test-e2e bench mlflow-server external-data
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ repro: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+
+# The unit tests only (tests/unit: no workspace, no pipeline), in under a minute.
+test-unit: $(BIN)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 # The longest end-to-end tests: the smoke matrix through lopd launch against a serial repro, the lora_r rerun, plots diff.
 test-e2e: $(BIN)/.installed

@@ -1,5 +1,5 @@
 """The rollout engine before the prefill/ragged-cache rewrite (commit 7b43669), verbatim: the reference
-for tests/test_rollout_engine.py's greedy-equivalence test (imported as ``bench.reference_rollout``) and
+for tests/unit/test_rollout_engine.py's greedy-equivalence test (imported as ``bench.reference_rollout``) and
 the former engine that bench/step.py and bench/rollouts.py time against the current one. Do not edit the
 function bodies.
 

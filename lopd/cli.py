@@ -24,7 +24,7 @@ from lopd.kernels import pin_kernels  # noqa: E402
 # environment): the same CPU kernels on every x86-64 machine, whatever the parent environment says
 pin_kernels()
 
-from lopd.dispatch import parse, run_in_process  # noqa: E402 - after the kernels are pinned
+from lopd.dispatch import parse, run_in_process, runs_stage  # noqa: E402 - after the kernels are pinned
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if warm.wanted(argv) and sys.argv[1:2] != ["launch"]:
         args = sys.argv[1:]
         ns = parse(args)  # usage errors are reported here, not in the worker
-        if ns.cmd not in ("validate", "apply-profile", "repro", "verify", "exp", "params", "doctor"):
+        if runs_stage(ns.cmd):  # a registered stage command (lopd/stages/registry.py); tools run here
             rc = warm.run_client(args)
             if rc != -1:
                 return rc

@@ -11,13 +11,27 @@ exits with status 2 and one message naming the cause; a failed run exits 1.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
 
+from lopd.arms import get_arm
+from lopd.config import load_params, record_reads, recorded_reads, unrecorded
+from lopd.errors import BadInput, RunFailed
+from lopd.kernels import kernel_record
+from lopd.workflow.lockguard import snapshot_for_stage
+from lopd.paths import Paths
+from lopd.stages.registry import COMMANDS, command
+from lopd.utils import atomic_write_text, write_json
+
 # deprecation chatter from transformers/peft internals says nothing about our runs
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", message=".*requires_grad.*converted to a Python scalar.*")
+
+STAGE_COMMANDS = frozenset(c.name for c in COMMANDS)
+TOOLS_MODULE = "lopd.workflow.tools"  # by name: see _dispatch
+LAUNCH_MODULE = "lopd.launch.main"
 
 DESCRIPTION = """``lopd`` command line: one subcommand per pipeline stage plus tools.
 
@@ -26,46 +40,18 @@ exits with status 2 and one message naming the cause; a failed run exits 1."""
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per registered stage command (:data:`lopd.stages.registry.COMMANDS`)
+    plus the tools around the pipeline."""
     p = argparse.ArgumentParser(prog="lopd", description=DESCRIPTION)
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml); its directory "
                                                            "is the root of every input and output")
     p.add_argument("--profile", default=None, help="a profile YAML merged over the params file")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("validate", help="validate the params and exit")
-    sub.add_parser("prepare", help="write the sealed train/val/test splits")
-    sub.add_parser("base", help="train (or fingerprint) the base policy and evaluate it on val")
-    for name, text in (("bank", "build the experience bank from base rollouts on train"),
-                       ("cold-start", "composer cold start (phi0)")):
-        d = sub.add_parser(name, help=text)
-        d.add_argument("--draw", type=int, default=None, help="upstream draw of the final runs' training seed DRAW "
-                       "(models/draws/); default: the shared draw (models/bank, models/cold_start)")
-    sub.add_parser("probe", help="privilege probe: teacher delta with relevant/shuffled/none context on val")
-    h = sub.add_parser("hpo", help="validation-only search over margin, K, n_ret")
-    h.add_argument("--worker", action="store_true", help="join the existing study as an extra worker")
-    h.add_argument("--storage", default=None, help="Optuna storage URL (default: the journal file)")
-    h.add_argument("--n-trials", type=int, default=None, help="the study's budget of finished trials, shared by the stage and every "
-                                                                "worker: each stops once it is reached (default: hpo.n_trials)")
-    for name, text in (("train", "train every seed of one arm, as one population"),
-                       ("evaluate", "evaluate every trained seed of one arm on the test split")):
-        t = sub.add_parser(name, help=text)
-        t.add_argument("--arm", required=True)
-        t.add_argument("--seed", type=int, default=None, help="that seed only, alone (train: the path of a run "
-                                                                 "across processes)")
-    sub.add_parser("sensitivity", help="validation sensitivity grid around the selected point")
-    sub.add_parser("confirm-split", help="write the sealed confirmatory test split (no prompt or solution of "
-                                         "train, val or test)")
-    sub.add_parser("register", help="write registration/registration.json: the rule, S, arms, seeds, effect, "
-                                    "design, before any confirmatory read")
-    c = sub.add_parser("confirm-draw", help="the bank and cold start of one confirmation seed")
-    c.add_argument("--seed", type=int, required=True)
-    c = sub.add_parser("confirm-train", help="the rule's arms at one point of S on every confirmation seed")
-    c.add_argument("--slot", type=int, required=True, help="the slot of S (confirm.points)")
-    sub.add_parser("confirm-evaluate", help="evaluate the confirmation's students on the confirmatory split "
-                                            "(refuses without registration.json)")
-    sub.add_parser("report", help="tables, figures and audits under reports/")
-    f = sub.add_parser("fingerprint", help="hash the code deps and params values a dvc.yaml stage declares "
-                                           "(code_train, code_evaluate) into that stage's output")
-    f.add_argument("stage", help="the dvc.yaml stage whose deps are hashed, e.g. code_train")
+    for cmd in COMMANDS:
+        sp = sub.add_parser(cmd.name, help=cmd.help)
+        for arg in cmd.args:
+            arg.add_to(sp)
     sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
@@ -74,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
                                       "identical to the committed dvc.lock (the workspace is not touched)")
     v.add_argument("stages", nargs="*", help="dvc.yaml stages (default: prepare base bank bank_draw@0)")
     v.add_argument("--keep", action="store_true", help="keep the scratch copy")
+    g = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage registry (lopd/stages/registry.py), its code "
+                                        "deps from the import graph")
+    g.add_argument("--check", action="store_true", help="write nothing; exit 1 if dvc.yaml differs from the registry")
     m = sub.add_parser("make-standin", help="build the offline Qwen3-0.6B-shaped stand-in (random weights, a locally "
                                             "trained BPE tokenizer) under models/external/")
     m.add_argument("--out", default=None, help="target directory (default: models/external/qwen3-0.6b-standin)")
@@ -114,13 +103,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def runs_stage(cmd: str) -> bool:
+    """Whether ``lopd <cmd>`` runs stage code (a registered command): the warm worker serves only those."""
+    return cmd in STAGE_COMMANDS
+
+
 def run_in_process(argv: list[str]) -> int:
-    from lopd.errors import BadInput, RunFailed
-
     if argv[:1] == ["launch"]:  # the cluster launcher has its own options (lopd launch --help)
-        from lopd.launch.main import main as launch_main
-
-        return launch_main(argv[1:])
+        return importlib.import_module(LAUNCH_MODULE).main(argv[1:])
     args = parse(argv)
     try:
         return _dispatch(args, _start_recording)
@@ -131,111 +121,33 @@ def run_in_process(argv: list[str]) -> int:
         print(f"run failed: {e}", file=sys.stderr)
         return 1
     finally:
-        from lopd.config import recorded_reads
-
         _write_record(recorded_reads(), args)
 
 
-def _apply_profile(args) -> int:
-    import yaml
-
-    from lopd.config import deep_merge, parse_params, read_yaml_mapping
-    from lopd.utils import atomic_write_text
-
-    merged = deep_merge(read_yaml_mapping(args.params, "params file"), read_yaml_mapping(args.profile_file, "profile"))
-    parse_params(merged, f"{args.params} + {args.profile_file}")
-    atomic_write_text(args.out, yaml.safe_dump(merged, sort_keys=False))
-    print(f"wrote {args.out}")
-    return 0
-
-
 def _dispatch(args, start_recording=lambda: None) -> int:
-    import importlib
-
-    from lopd.config import load_params
-    from lopd.paths import Paths
-
-    if args.cmd == "apply-profile":
-        return _apply_profile(args)
-    if args.cmd == "repro":
-        return _repro(args)
-    if args.cmd == "verify":
-        from lopd.verify import verify
-
-        return verify(Paths.for_params(args.params).root, args.stages or None, keep=args.keep)
-    if args.cmd == "fingerprint":
-        return _fingerprint(args, start_recording)
-    if args.cmd in ("exp", "params", "doctor"):
-        return _tool(args)
-    params = load_params(args.params, args.profile)
-    start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
+    """Run a registered stage command (or ``validate``); any other command is a tool
+    (:mod:`lopd.workflow.tools`, imported by name: a stage's process never runs one, so its code is
+    not among any stage's deps)."""
+    if args.cmd != "validate" and not runs_stage(args.cmd):
+        return importlib.import_module(TOOLS_MODULE).run(args)
+    paths = Paths.for_params(args.params)
     if args.cmd == "validate":
+        load_params(args.params, args.profile)
         print("params OK")
         return 0
-    paths = Paths.for_params(args.params)
-    if args.cmd == "make-standin":
-        from lopd.training.standin import make_standin
-
-        return make_standin(params, paths.root, args.out)
-    stage = importlib.import_module(f"lopd.stages.{args.cmd.replace('-', '_')}")
-    _check_arm_and_seed(params, args)
-    from lopd.lockguard import snapshot_for_stage
-
-    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (lopd/lockguard.py)
+    cmd = command(args.cmd)
+    kwargs = {a.dest: getattr(args, a.dest) for a in cmd.args}
+    if cmd.loads_params:
+        params = load_params(args.params, args.profile)
+        start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
+        _check_arm_and_seed(params, args)
+        call = (importlib.import_module(cmd.module).run, params, paths)
+    else:  # it hashes params raw (lopd fingerprint): nothing read through the config
+        start_recording()
+        call = (importlib.import_module(cmd.module).run, paths)
+    snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (lopd/workflow/lockguard.py)
     with _timed(paths, args.cmd):
-        _run_stage(stage, params, paths, args)
-    return 0
-
-
-def _repro(args) -> int:
-    """``lopd repro``: the guarded ``dvc repro``; after a whole repro (no stage named) that succeeded,
-    the experiment's MLflow parent is closed with the report even if DVC skipped the report stage."""
-    from lopd.config import load_params
-    from lopd.lockguard import guarded_repro
-    from lopd.paths import Paths
-
-    rc = guarded_repro(args.dvc_args)
-    if rc != 0 or any(not a.startswith("-") for a in args.dvc_args):
-        return rc
-    from lopd.tracking import close_experiment
-
-    state = close_experiment(load_params(args.params, args.profile), Paths.for_params(args.params).root)
-    if state not in ("already finished", "no report"):  # the report stage closed it, or there is none
-        print(f"lopd repro: MLflow experiment parent: {state} (DVC skipped the report stage)")
-    return rc
-
-
-def _tool(args) -> int:
-    if args.cmd == "exp":
-        from lopd.experiment import run_profile_experiment
-
-        return run_profile_experiment(args.params, args.exp_profile or args.profile, args.dvc_args)
-    if args.cmd == "params":
-        from lopd.params_view import show
-
-        return show(args.params, args.params_profile or args.profile, args.overrides, args.sections)
-    from lopd.doctor import doctor
-
-    return doctor(args.params, mlflow=not args.no_mlflow)
-
-
-def _fingerprint(args, start_recording) -> int:
-    """``lopd fingerprint <stage>``: the code stage of a matrix stage kind (dvc.yaml ``code_train``,
-    ``code_evaluate``). It hashes the code deps and the values of the params its
-    stanza declares: what the kind's items read, which DVC then checks once here, not once per item.
-    It reads the params raw, not through the validated config, so none is recorded as read; the
-    modules it imports (this one, lopd.utils, lopd.config and what every stage imports) are among
-    the deps it hashes, so a change to them reruns it too."""
-    from lopd.lockguard import snapshot_for_stage
-    from lopd.paths import Paths
-    from lopd.utils import write_code_fingerprint
-
-    start_recording()
-    paths = Paths.for_params(args.params)
-    snapshot_for_stage()  # under DVC: as every stage does
-    with _timed(paths, args.cmd):
-        out, fp = write_code_fingerprint(paths.root, args.stage)
-    print(f"{args.stage}: {len(fp['files'])} files, sha256 {fp['sha256'][:16]}… -> {os.path.relpath(out, paths.root)}")
+        call[0](*call[1:], **kwargs)
     return 0
 
 
@@ -243,9 +155,6 @@ def _check_arm_and_seed(params, args) -> None:
     """Before anything is written: an unknown arm, a seed that is not one of the arm's (``train.seeds``,
     plus ``train.extra_seeds`` for ``train.extra_arms``), or an upstream draw (``--draw``) that is not a
     seed of the final runs, is bad input."""
-    from lopd.config import unrecorded
-    from lopd.errors import BadInput
-
     if args.cmd in ("bank", "cold-start") and args.draw is not None:
         with unrecorded():  # the dvc.yaml matrix guarantees it, as for train
             final = [*params.train.seeds, *params.train.extra_seeds]
@@ -254,8 +163,6 @@ def _check_arm_and_seed(params, args) -> None:
                            f"(train.seeds + train.extra_seeds {final})")
     if args.cmd not in ("train", "evaluate"):
         return
-    from lopd.arms import get_arm
-
     get_arm(args.arm)
     if args.seed is None:
         return
@@ -263,21 +170,6 @@ def _check_arm_and_seed(params, args) -> None:
         if args.seed not in params.train.seeds_of(args.arm):
             raise BadInput(f"seed {args.seed} is not in train.seeds {params.train.seeds}"
                            + (f" or train.extra_seeds {params.train.extra_seeds}" if args.arm in params.train.extra_arms else ""))
-
-
-def _run_stage(stage, params, paths, args) -> None:
-    if args.cmd in ("train", "evaluate"):
-        stage.run(params, paths, args.arm, args.seed)
-    elif args.cmd == "hpo":
-        stage.run(params, paths, worker=args.worker, storage=args.storage, n_trials=args.n_trials)
-    elif args.cmd in ("bank", "cold-start"):
-        stage.run(params, paths, draw=args.draw)
-    elif args.cmd == "confirm-draw":
-        stage.run(params, paths, args.seed)
-    elif args.cmd == "confirm-train":
-        stage.run(params, paths, args.slot)
-    else:
-        stage.run(params, paths)
 
 
 class _timed:
@@ -299,8 +191,6 @@ class _timed:
         import resource
         import time
 
-        from lopd.utils import write_json
-
         if exc_type is not None:
             return  # a failed stage leaves no timing record (nor anything else a rerun could trust)
         ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
@@ -316,8 +206,6 @@ def _kernels() -> dict:
     """The kernels the stage actually ran with (empty for a stage that never imported torch)."""
     if "torch" not in sys.modules:
         return {}
-    from lopd.kernels import kernel_record
-
     return kernel_record()
 
 
@@ -326,8 +214,6 @@ def _start_recording() -> set | None:
     """With ``LOPD_RECORD_DIR`` set, record every params key this stage reads."""
     if not os.environ.get("LOPD_RECORD_DIR"):
         return None
-    from lopd.config import record_reads
-
     reads: set[str] = set()
     record_reads(reads)
     return reads
@@ -351,9 +237,6 @@ def _write_record(reads: set | None, args) -> None:
         return
     import json
     from pathlib import Path
-
-    from lopd.config import record_reads
-    from lopd.utils import atomic_write_text
 
     record_reads(None)
     client = os.environ.get(CLIENT_MODULES_ENV, "")

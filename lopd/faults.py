@@ -17,7 +17,7 @@ Points (each a call of :func:`kill_point` in the code that does it):
 * ``mlflow_close``: as a stage's MLflow run (or the report's experiment parent) is about to be
   marked FINISHED: the run stays RUNNING, as when a kill lands in MLflow's own write;
 * ``lock``: while ``lopd repro`` has DVC rewrite ``dvc.lock`` after the stage: half of the new
-  lock is on disk (written and fsynced) when the group dies (:func:`arm_lock_kill`).
+  lock is on disk (written and fsynced) when the group dies (``lopd.workflow.lockguard.arm_lock_kill``).
 
 Before dying it appends one line to ``$LOPD_KILL_LOG`` (if set) and prints it to stderr, so a test
 can tell that the point was reached. Unset (the default), every call is one dictionary lookup.
@@ -94,44 +94,3 @@ def kill_point(point: str, stage: str | None = None, detail: str = "") -> None:
     _hits[point] = _hits.get(point, 0) + 1
     if _hits[point] == s.nth:
         kill_group(f"{stage}:{point}:{s.nth}" + (f" {detail}" if detail else ""))
-
-
-def arm_lock_kill() -> None:
-    """In ``lopd repro`` (DVC in this process): when ``LOPD_KILL_AT`` names ``<stage>:lock``, the
-    ``n``-th rewrite of ``dvc.lock`` that records that stage writes half of the new lock, fsyncs it,
-    and kills the group: the torn lock a kill inside DVC's own write leaves (DVC writes the lock in
-    place, ``dvc/utils/serialize/_common.py``), every time."""
-    s = spec()
-    if s is None or s.point != "lock":
-        return
-    import io
-
-    import dvc.dvcfile as dvcfile
-    import dvc.utils.serialize._yaml as dvc_yaml
-
-    dump_stages, dump = dvcfile.Lockfile.dump_stages, dvc_yaml._dump
-    armed: list[str] = []
-
-    def dump_stages_watched(self, stages, **kwargs):
-        names = [st.addressing for st in stages if s.matches(st.addressing, "lock")]
-        if names:
-            _hits["lock"] = _hits.get("lock", 0) + 1
-        armed[:] = names if names and _hits["lock"] == s.nth else []
-        try:
-            return dump_stages(self, stages, **kwargs)
-        finally:
-            armed.clear()
-
-    def dump_torn(data, stream):
-        if not armed:
-            return dump(data, stream)
-        buf = io.StringIO()
-        dump(data, buf)
-        text = buf.getvalue()
-        stream.write(text[:len(text) // 2])
-        stream.flush()
-        os.fsync(stream.fileno())
-        kill_group(f"{armed[0]}:lock:{s.nth} ({len(text) // 2} of {len(text)} characters of dvc.lock written)")
-
-    dvcfile.Lockfile.dump_stages = dump_stages_watched
-    dvc_yaml._dump = dump_torn

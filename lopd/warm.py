@@ -177,9 +177,9 @@ def _preload(own: bool = True) -> None:
     stage's ``lopd`` command imports first anyway)."""
     mods = list(LIBRARIES)
     if own:
-        from lopd.stages import STAGES
+        from lopd.stages.registry import stage_modules
 
-        mods = [*(f"lopd.stages.{name}" for name in STAGES), *mods, *OWN_MODULES]
+        mods = [*stage_modules(), *mods, *OWN_MODULES]
     for mod in mods:
         try:
             __import__(mod)

@@ -178,8 +178,11 @@ def solved_train_tasks(res) -> list:
 # --------------------------------------------------------------------------- two workers (pytest-xdist)
 SMOKE_FIXTURES = ("smoke_recorded", "smoke_reference")
 # The test files that use the shared smoke pipeline (a test file must name a fixture to use it).
-SMOKE_FILES = {f"tests/{f.name}" for f in Path(__file__).parent.glob("test_*.py")
+SMOKE_FILES = {f.relative_to(REPO).as_posix() for f in Path(__file__).parent.rglob("test_*.py")
                if any(name in f.read_text() for name in SMOKE_FIXTURES)}
+# Tests by speed, marked by folder: tests/unit needs no workspace (the whole set under a minute, make test-unit),
+# tests/integration builds the tiny workspace or runs a stage in a subprocess, tests/e2e runs the smoke pipeline.
+TIERS = ("unit", "integration", "e2e")
 
 
 def _group(nodeid: str) -> str:
@@ -197,6 +200,10 @@ def pytest_collection_modifyitems(config, items):
     if stray:
         raise pytest.UsageError(f"these tests use the smoke pipeline from files outside its worker group ({SMOKE_FIXTURES} "
                                 f"must be named in the test file, tests/conftest.py SMOKE_FILES): {stray}")
+    for item in items:
+        tier = item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else ""
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
     items.sort(key=lambda item: _group(item.nodeid) != "smoke-pipeline")
 
 

@@ -76,7 +76,7 @@ def _dvc_deps(root: Path) -> dict | None:
 
 def _stage_base(name: str) -> str:
     """``train@lopd`` → ``train``; an extra-seed stage is the stage it repeats (``bank_draw_extra`` →
-    ``bank_draw``: dvc.yaml gives both the same command, deps and params, which tests/test_pipeline.py checks)."""
+    ``bank_draw``: dvc.yaml gives both the same command, deps and params, which tests/e2e/test_pipeline.py checks)."""
     return name.split("@", 1)[0].removesuffix("_extra")
 
 

@@ -12,7 +12,7 @@ cold-start draw shared by every point; base is shared by every point), so contra
   point; *no claim* otherwise.
 
 :func:`decide_amended` takes aligned arrays with leading batch axes (simulated experiments,
-:mod:`tests.test_calibration`); :func:`analyse_amended` takes the report's per-seed values and keeps each
+:mod:`tests.unit.test_calibration`); :func:`analyse_amended` takes the report's per-seed values and keeps each
 point's one-point analysis (the one-point rule's output, with CIs) for the specification curve.
 """
 

@@ -10,7 +10,7 @@ and through this module for the three things it does not:
 * the names of the modules whose import or logging lopd manages.
 
 :data:`INTERNALS` lists each internal with the MLflow version it was last checked against;
-``tests/test_compat_mlflow.py`` fails with the name of whichever has moved.
+``tests/unit/test_compat_mlflow.py`` fails with the name of whichever has moved.
 """
 
 from __future__ import annotations

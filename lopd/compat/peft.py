@@ -13,7 +13,7 @@ lopd uses peft's public API (``LoraConfig``, ``get_peft_model``, ``add_adapter``
 
 peft itself is imported only inside the functions: evaluation reads the layout constants alone.
 :data:`INTERNALS` and :data:`LORA_LAYER_ATTRIBUTES` list what is read, checked against peft
-:data:`CHECKED_VERSION`; ``tests/test_compat.py`` fails with the name of whichever has moved.
+:data:`CHECKED_VERSION`; ``tests/unit/test_compat.py`` fails with the name of whichever has moved.
 """
 
 from __future__ import annotations

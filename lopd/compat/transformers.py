@@ -10,7 +10,7 @@ and fast decoder also need:
 * the name of a model's cache argument, which transformers 5 renamed in some models.
 
 :data:`INTERNALS` lists them, checked against transformers :data:`CHECKED_VERSION`;
-``tests/test_compat.py`` fails with the name of whichever has moved.
+``tests/unit/test_compat.py`` fails with the name of whichever has moved.
 """
 
 from __future__ import annotations

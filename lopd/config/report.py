@@ -34,7 +34,7 @@ class RuleParams(Section):
 
 
 class DesignParams(Section):
-    """What the default seed count is sized for; tests/test_calibration.py simulates it."""
+    """What the default seed count is sized for; tests/unit/test_calibration.py simulates it."""
 
     effect: float = Field(gt=0, lt=1, description="content effect lopd − control (= lopd − base) in mean test "
                                                   "reward")
@@ -77,7 +77,7 @@ class ReportParams(Section):
     min_bootstrap_seeds: int = Field(ge=2, description="fewest seeds per arm for which a percentile bootstrap "
                                      "interval is reported; below, t-intervals only")
     rule: RuleParams = Field(description="the pre-registered falsification rule, rendered before any number")
-    design: DesignParams = Field(description="what the seed count is sized for (tests/test_calibration.py "
+    design: DesignParams = Field(description="what the seed count is sized for (tests/unit/test_calibration.py "
                                              "simulates it)")
     margin_contrasts: list[list[str]] = Field(description=(
         "pairs [a, b] compared as a − b over shared seeds, two-sided and outside the rule, in falsification.md: "

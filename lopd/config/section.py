@@ -1,6 +1,6 @@
 """The base of every params section: strict validation, and read recording.
 
-Read recording (``tests/test_declared_reads.py``): when a set is installed, every read of a
+Read recording (``tests/e2e/test_declared_reads.py``): when a set is installed, every read of a
 section's key adds "section.key" to it, so a stage's reads can be compared with its dvc.yaml
 declaration. ``Params`` itself is not recorded: reaching a section is not reading a key.
 """

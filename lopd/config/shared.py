@@ -62,7 +62,7 @@ class EnvParams(Section):
                                              "with train, val or test")
     seed: int = Field(ge=0, description="seed of task and world generation")
     # < the 256 two-syllable world names (lopd.envs.base.MAX_WORLDS; not imported here, so that reading
-    # params does not import the environments; tests/test_worlds.py checks the two agree)
+    # params does not import the environments; tests/unit/test_worlds.py checks the two agree)
     n_target_worlds: int = Field(ge=1, le=255, description="worlds shared by train/val/test (tasks disjoint by id)")
     n_pretrain_worlds: int = Field(ge=1, description="worlds used only to pretrain the base policy, disjoint "
                                                      "from the target worlds")

@@ -67,7 +67,7 @@ class TrainParams(Section):
         "the most runs one process trains at once as a population (an arm's seeds; a search batch's trials x "
         "seeds; a baseline's rates x seeds; the sensitivity grid's points x seeds); the rest train in the next "
         "population. A memory knob for a real model on one device. null = all of them at once. The runs agree "
-        "with any other grouping to the population tolerances (tests/test_population.py), not to the bit"))
+        "with any other grouping to the population tolerances (tests/integration/test_population.py), not to the bit"))
     use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
                                               "(hpo/best_params.yaml); false: from this section")
     per_seed_draws: bool = Field(description=(

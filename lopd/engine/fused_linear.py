@@ -45,7 +45,7 @@ class Fused:
     the maps' outputs (column blocks of ``y``), each plus its LoRA terms ``s · (x Aᵀ) Bᵀ``;
     the A of every adapter of the group run as one matmul too (``h = x [A_1; …]ᵀ``, each B on its
     block of ``h``). Every output element is the same dot product as in the separate maps —
-    on CPU bit-identical (``tests/test_rollout_engine.py``). ``s`` is folded into B when it is a
+    on CPU bit-identical (``tests/unit/test_rollout_engine.py``). ``s`` is folded into B when it is a
     power of two (exact in binary floating point); else it is applied as peft does.
 
     With ``members`` = S > 1 (a population, :mod:`lopd.model.members`) each map's lora list holds

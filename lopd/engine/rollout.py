@@ -19,7 +19,7 @@ tokens) leaves the batch at once: its cache rows are dropped and, when its rewar
 sandboxed program, that program is scored in a worker thread while the others decode.
 
 Under greedy decoding the outputs equal the former one-token-per-forward engine's token for
-token (``tests/test_rollout_engine.py`` checks it against ``bench/reference_rollout.py``),
+token (``tests/unit/test_rollout_engine.py`` checks it against ``bench/reference_rollout.py``),
 except that a finished sequence is never followed by padding.
 """
 

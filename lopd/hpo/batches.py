@@ -12,7 +12,7 @@ budget nor inform the sampler. ``make_sampler(n_finished)`` builds the sampler a
 batch, seeded by the number of finished trials. So the restarted batch asks the very points the killed
 one asked, and a killed and resumed search finishes with the trials, points and values of an
 uninterrupted one. No finished trial is lost and none is run twice
-(``tests/test_hpo_batches.py``).
+(``tests/integration/test_hpo_batches.py``).
 
 :func:`adopt_trials` and :func:`queue_points` start the boundary rule's extension studies
 (:mod:`lopd.hpo.search`): the last study's finished trials copied in, and the points to train first queued.

@@ -21,7 +21,7 @@ layer (RMSNorm(0) = 0, no biases), so the prepended positions have key 0 and val
 effect on the real tokens is that each attention softmax gains ``n_ret·K`` extra entries of
 score 0 and value 0, which scales every attention output by ``Z/(Z + n_ret·K)`` (``Z`` = the sum
 of the real tokens' ``exp`` scores). The deviation from the teacher without context therefore
-grows with ``n_ret·K``; ``tests/test_premise.py`` states and checks the tolerance. Why a gate and
+grows with ``n_ret·K``; ``tests/integration/test_premise.py`` states and checks the tolerance. Why a gate and
 not a zero-initialised ``Proj``: Adam's first update moves every weight by ``±lr``, which turns a
 zero ``Proj`` into large latents in one step, while a zero gate grows by at most ``lr`` per step,
 so the latents' scale ramps up smoothly (measured on the default profile, teacher NLL of 48 bank
@@ -33,7 +33,7 @@ step; every part of φ receives gradient once ``g ≠ 0``.
 where its derivative is ``w/sqrt(ε)``; the prefix's residual stream stays exactly 0 through
 every layer, so the gradient with respect to it is that factor compounded once per layer. At
 Qwen3-0.6B's 28 layers and ε = 10⁻⁶ it overflows fp32 at the first cold-start step (found on
-the stand-in, ``lopd make-standin``; reproduced by ``tests/test_path_check.py`` on a 28-layer
+the stand-in, ``lopd make-standin``; reproduced by ``tests/unit/test_path_check.py`` on a 28-layer
 tiny model). ``cold_start.gate_init`` > 0 starts the gate off zero: the first layer's RMSNorm
 then lifts the prefix to full scale and later layers see O(1) inputs (gradients finite), at
 the price of a teacher that is no longer unchanged at init. The default (tiny, 2 layers) keeps

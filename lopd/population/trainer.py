@@ -25,7 +25,7 @@ checkpoint holding every member (written atomically), so a kill never leaves mem
 steps and a resumed population continues bit-identically.
 
 **Independence.** A member's run does not depend on who shares its batch, up to the last bits of
-the batched kernels (``tests/test_population.py`` compares a member alone with the same member in
+the batched kernels (``tests/integration/test_population.py`` compares a member alone with the same member in
 a population of five).
 """
 

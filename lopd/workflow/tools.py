@@ -1,0 +1,75 @@
+"""The ``lopd`` commands that run no stage: the tools around the pipeline.
+
+``repro`` (the guarded ``dvc repro``), ``verify``, ``dvc-yaml``, ``exp run``, ``params``, ``doctor``,
+``apply-profile`` and ``make-standin``. :mod:`lopd.dispatch` imports this module by name, only for
+these commands, so no stage's code deps include the tools.
+"""
+
+from __future__ import annotations
+
+
+def run(args) -> int:
+    """Run the tool ``args.cmd`` with its parsed arguments; its exit status."""
+    from lopd.paths import Paths
+
+    if args.cmd == "apply-profile":
+        return _apply_profile(args)
+    if args.cmd == "repro":
+        return _repro(args)
+    if args.cmd == "verify":
+        from lopd.workflow.verify import verify
+
+        return verify(Paths.for_params(args.params).root, args.stages or None, keep=args.keep)
+    if args.cmd == "dvc-yaml":
+        from lopd.workflow.dvcgen import write
+
+        return write(Paths.for_params(args.params).root, check_only=args.check)
+    if args.cmd == "make-standin":
+        from lopd.config import load_params
+        from lopd.training.standin import make_standin
+
+        return make_standin(load_params(args.params, args.profile), Paths.for_params(args.params).root, args.out)
+    if args.cmd == "exp":
+        from lopd.workflow.experiment import run_profile_experiment
+
+        return run_profile_experiment(args.params, args.exp_profile or args.profile, args.dvc_args)
+    if args.cmd == "params":
+        from lopd.workflow.params_view import show
+
+        return show(args.params, args.params_profile or args.profile, args.overrides, args.sections)
+    if args.cmd == "doctor":
+        from lopd.workflow.doctor import doctor
+
+        return doctor(args.params, mlflow=not args.no_mlflow)
+    raise ValueError(f"no tool {args.cmd!r}")  # the parser admits only the commands above
+
+
+def _apply_profile(args) -> int:
+    import yaml
+
+    from lopd.config import deep_merge, parse_params, read_yaml_mapping
+    from lopd.utils import atomic_write_text
+
+    merged = deep_merge(read_yaml_mapping(args.params, "params file"), read_yaml_mapping(args.profile_file, "profile"))
+    parse_params(merged, f"{args.params} + {args.profile_file}")
+    atomic_write_text(args.out, yaml.safe_dump(merged, sort_keys=False))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _repro(args) -> int:
+    """``lopd repro``: the guarded ``dvc repro``; after a whole repro (no stage named) that succeeded,
+    the experiment's MLflow parent is closed with the report even if DVC skipped the report stage."""
+    from lopd.config import load_params
+    from lopd.paths import Paths
+    from lopd.workflow.lockguard import guarded_repro
+
+    rc = guarded_repro(args.dvc_args)
+    if rc != 0 or any(not a.startswith("-") for a in args.dvc_args):
+        return rc
+    from lopd.tracking import close_experiment
+
+    state = close_experiment(load_params(args.params, args.profile), Paths.for_params(args.params).root)
+    if state not in ("already finished", "no report"):  # the report stage closed it, or there is none
+        print(f"lopd repro: MLflow experiment parent: {state} (DVC skipped the report stage)")
+    return rc
