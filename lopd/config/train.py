@@ -101,3 +101,19 @@ class TrainParams(Section):
     def seeds_of(self, arm: str) -> list[int]:
         """Every training seed of ``arm``: ``seeds``, plus ``extra_seeds`` if it is an extra arm."""
         return [*self.seeds, *(self.extra_seeds if arm in self.extra_arms else [])]
+
+
+# What each ``train`` key is for: every field in exactly one group (tests/unit/test_train_keys.py). A key is
+# defined once, with its type, range and description, in TrainParams above; these groups say where it goes.
+MATRIX_KEYS = ("arms", "seeds", "extra_arms", "extra_seeds")  # which runs exist
+# one run's hyper-parameters, in field order: lopd.training.trainer.HParams is built from exactly these
+RUN_KEYS = ("steps", "tasks_per_step", "group_size", "lr_student", "lr_composer", "margin", "K", "n_ret",
+            "lambda_anchor", "eta_beta", "beta_init", "beta_rate", "beta_fixed", "top_m", "support", "temperature",
+            "val_every", "val_tasks", "val_samples_per_task", "checkpoint_every", "beta_max", "infeasible_patience",
+            "recompute_context_passes")
+SCHEDULE_KEYS = ("rollout_budget", "population_size")  # how many steps a run takes; how runs are batched
+SOURCE_KEYS = ("use_best_params", "per_seed_draws")  # where a run's point and its upstream draw come from
+CONTROL_KEYS = ("beta_rate", "beta_fixed")  # the margin controls' β schedules (lopd_ramp, lopd_fixbeta)
+# what defines a search trial's training: a trial is lopd with dual ascent, on the shared draw
+TRIAL_KEYS = tuple(k for k in TrainParams.model_fields if (k in RUN_KEYS and k not in CONTROL_KEYS)
+                   or k in SCHEDULE_KEYS)

@@ -88,13 +88,13 @@ def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | 
     import hashlib
     import json
 
+    from lopd.config.train import TRIAL_KEYS
     from lopd.utils import sha256_path
 
-    # which runs the final matrix holds is not part of a trial (adding a seed must not restart the search)
-    # nor is how the final runs draw the bank and φ0 (the search always uses the shared draw)
-    # nor the control arms' β schedules (a trial is lopd, with dual ascent)
-    train = params.train.model_dump(exclude={"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params",
-                                             "per_seed_draws", "beta_rate", "beta_fixed"})
+    # what a trial trains with (lopd.config.train.TRIAL_KEYS): not which runs the final matrix holds (adding a
+    # seed must not restart the search), nor how the final runs draw the bank and φ0 (the search always uses the
+    # shared draw), nor the control arms' β schedules (a trial is lopd, with dual ascent)
+    train = params.train.model_dump(include=set(TRIAL_KEYS))
     setup = [sha256_path(f) for f in dep_files] + [train]
     setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:8]
     name = f"{params.hpo.study_name}-{setup}-{_space_hash(params)}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +39,7 @@ import torch
 from lopd.training import objectives as obj
 from lopd.arms import ArmSpec
 from lopd.bank import ExperienceBank
+from lopd.config.train import RUN_KEYS, TrainParams
 from lopd.envs.base import Task, stratified
 from lopd.errors import BadInput, RunFailed
 from lopd.faults import kill_point
@@ -55,51 +56,30 @@ HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_
                    "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
 
 
-@dataclass
-class HParams:
-    """The hyper-parameters of one run: ``train`` params with the selected m, K, n_ret applied, plus
-    the generation limits of ``evaluate`` and ``model``."""
+def _from_params(cls, params, **over) -> "HParams":
+    """Every ``train`` key of :data:`lopd.config.train.RUN_KEYS` from ``params.train`` (``steps``: the run's
+    steps, :meth:`TrainParams.run_steps`), the generation limits from ``evaluate`` and ``model``, then
+    ``over`` (its None values ignored)."""
+    tp = params.train
+    d = {k: getattr(tp, k) for k in RUN_KEYS}
+    d.update(max_new_tokens=params.evaluate.max_new_tokens, max_len=params.model.max_seq_len)
+    d["steps"] = tp.run_steps()
+    d.update({k: v for k, v in over.items() if v is not None})
+    return cls(**d)
 
-    steps: int
-    tasks_per_step: int
-    group_size: int
-    lr_student: float
-    lr_composer: float
-    margin: float
-    K: int
-    n_ret: int
-    lambda_anchor: float
-    eta_beta: float
-    beta_init: float
-    beta_rate: float | None
-    beta_fixed: float
-    top_m: int
-    support: str
-    temperature: float
-    val_every: int
-    val_tasks: int
-    val_samples_per_task: int
-    checkpoint_every: int
-    beta_max: float
-    infeasible_patience: int
-    recompute_context_passes: bool
-    max_new_tokens: int
-    max_len: int
-    # the steps after which the student's adapter is kept (a registered efficiency curve); () = none
-    snapshot_steps: tuple[int, ...] = ()
 
-    @classmethod
-    def from_params(cls, params, **over) -> "HParams":
-        """Every field named like a ``train`` key is taken from ``params.train``."""
-        from dataclasses import fields
-
-        tp = params.train
-        names = [f.name for f in fields(cls) if f.name not in ("max_new_tokens", "max_len", "snapshot_steps")]
-        d = {n: getattr(tp, n) for n in names}
-        d.update(max_new_tokens=params.evaluate.max_new_tokens, max_len=params.model.max_seq_len)
-        d["steps"] = tp.run_steps()
-        d.update({k: v for k, v in over.items() if v is not None})
-        return cls(**d)
+# The hyper-parameters of one run: the ``train`` keys of RUN_KEYS, each defined once (type, range and
+# description) in lopd.config.train.TrainParams and typed here from it, with the selected m, K, n_ret applied;
+# plus the generation limits of ``evaluate`` and ``model``, and the steps after which the student's adapter is
+# kept (a registered efficiency curve; () = none).
+HParams = make_dataclass(
+    "HParams",
+    [(k, TrainParams.model_fields[k].annotation) for k in RUN_KEYS]
+    + [("max_new_tokens", int), ("max_len", int), ("snapshot_steps", tuple, field(default=()))],
+    namespace={"from_params": classmethod(_from_params),
+               "__doc__": "The hyper-parameters of one run (lopd.config.train.RUN_KEYS, typed from TrainParams), "
+                          "the generation limits, and the snapshot steps."})
+HParams.__module__ = __name__  # (make_dataclass's module= is Python >= 3.12): pickles and reprs resolve here
 
 
 @dataclass

@@ -364,10 +364,6 @@ def guarded_repro(argv: list[str]) -> int:
     return dvc_main(["repro", *argv])
 
 
-if __name__ == "__main__":
-    sys.exit(guarded_repro(sys.argv[1:]))
-
-
 def arm_lock_kill() -> None:
     """In ``lopd repro`` (DVC in this process): when ``LOPD_KILL_AT`` names ``<stage>:lock``, the
     ``n``-th rewrite of ``dvc.lock`` that records that stage writes half of the new lock, fsyncs it,
@@ -396,3 +392,7 @@ def arm_lock_kill() -> None:
         return True
 
     wrap_lock_writes(on_stages, on_dump)
+
+
+if __name__ == "__main__":
+    sys.exit(guarded_repro(sys.argv[1:]))
