@@ -1,4 +1,4 @@
-"""Pinned CPU kernels: the same arithmetic, hence the same bits, on any x86-64 CPU with AVX2.
+"""Pinned CPU kernels: the same arithmetic, hence the same bits, on x86-64 CPUs with AVX2 of one vendor.
 
 PyTorch, MKL and oneDNN each pick their vectorised kernels by the CPU's instruction set at run
 time, and the kernels sum in different orders: one computation (matmul, softmax, layer_norm)
@@ -7,8 +7,10 @@ policy's thousands of steps amplify one bit into a different model. So every sta
 before torch computes anything:
 
 - ``ATEN_CPU_CAPABILITY=avx2`` (ATen's vectorised kernels; read lazily at the first dispatch);
-- ``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility: the AVX2 code path on Intel
-  and AMD alike);
+- ``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility on the AVX2 code path: Intel
+  promises the same bits on every *Intel* CPU with AVX2, and AMD EPYC machines have matched each
+  other; across the two vendors the bits differ, measured: ``tests/e2e/test_golden.py`` keeps one
+  reference per vendor; ``MKL_CBWR=COMPATIBLE`` would be the cross-vendor branch);
 - ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's ISA cap);
 - the thread counts (:func:`pin_threads`: torch's intra-op pool, OpenMP and MKL), because a
   parallel reduction's order depends on how many threads split it.

@@ -56,9 +56,10 @@ class Section(BaseModel):
 
     def model_dump(self, *args, **kwargs):
         if READS is not None and type(self).__name__ in SECTION_NAMES:
-            exclude = kwargs.get("exclude") or ()
+            exclude, include = kwargs.get("exclude") or (), kwargs.get("include")
             sec = SECTION_NAMES[type(self).__name__]
-            READS.update(f"{sec}.{k}" for k in type(self).model_fields if k not in exclude)
+            READS.update(f"{sec}.{k}" for k in type(self).model_fields
+                         if k not in exclude and (include is None or k in include))
         return super().model_dump(*args, **kwargs)
 
 

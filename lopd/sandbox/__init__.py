@@ -47,9 +47,11 @@ Barriers, outermost first (each one is enough for some attacks; together they ov
    stdlib callers degrade gracefully; ``tb_frame``/``gi_frame``/``f_back``..., ``gc`` walks,
    ``sys._current_frames``, ``sys.settrace``), any write/create ``open`` or
    ``os.remove``/``rename``/``mkdir``/``chmod``/``truncate``/``shutil.rmtree``... of a path
-   outside the temp dir, ``os.chdir`` outside it, symlinks and hard links, reads outside
-   the temp dir and the standard library (installed packages, ``site-packages``, excluded:
-   they may hold a benchmark's tests), and path arguments that are neither exact ``str``/
+   outside the temp dir, ``os.chdir`` outside it, symlinks and hard links, device nodes and
+   fifos (``os.mknod``, ``os.mkfifo``: where the uid is not dropped, a device node would read
+   around the open check), reads and directory listings outside the temp dir and the standard
+   library (installed packages, ``site-packages``, excluded: they may hold a benchmark's
+   tests), and path arguments that are neither exact ``str``/
    ``bytes`` nor ``int``. ``signal.signal`` is removed (a handler receives the interrupted
    frame). A refusal raises ``PermissionError`` *before* the action happens and is
    recorded; if the user code swallows it the run is still reported as ``"refused"``.

@@ -25,22 +25,27 @@ DENY_PREFIX = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.p
                "sys.monitoring.")
 DENY_EXACT = {"os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.startfile",
               "os.symlink", "os.link", "os.chroot", "os.setxattr", "os.removexattr",
+
               "gc.get_objects", "gc.get_referrers", "gc.get_referents",
               "sys._current_frames", "sys._current_exceptions", "sys.settrace",
               "sys.setprofile", "sys.addaudithook", "signal.pthread_kill", "os.putenv",
               "os.unsetenv", "fcntl.ioctl", "mmap.__new__"}
 # ``_signal``: a fresh copy would bring back ``signal.signal`` (removed below): a signal
-# handler is handed the interrupted frame, the harness's included.
+# handler is handed the interrupted frame, the harness's included. ``posix``: a fresh copy would bring back
+# ``mknod``, ``mkfifo`` and ``pidfd_open`` (removed below).
 DENY_IMPORT = {"_posixsubprocess", "subprocess", "ctypes", "_ctypes", "_xxsubinterpreters",
                "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues",
-               "multiprocessing", "_multiprocessing", "_posixshmem", "resource", "_signal"}
+               "multiprocessing", "_multiprocessing", "_posixshmem", "resource", "_signal", "posix"}
+# modules the child has already imported whose *fresh* import is refused (a fresh copy would bring back what
+# disarm() removed from them); the copies already loaded stay
+KEEP_LOADED = {"_signal", "posix"}
 FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals",
                "f_globals", "gi_code", "cr_code", "ag_code"}
 # event -> (number of leading path arguments, indices of dir_fd arguments)
 PATH_EVENTS = {"os.remove": (1, (1,)), "os.rmdir": (1, (1,)), "os.mkdir": (1, (2,)),
                "os.chmod": (1, (2,)), "os.chown": (1, (3,)), "os.truncate": (1, ()),
                "os.utime": (1, (3,)), "os.chflags": (1, ()), "os.lchflags": (1, ()),
-               "os.lchmod": (1, ()), "os.mkfifo": (1, (2,)), "os.mknod": (1, (3,)),
+               "os.lchmod": (1, ()),
                "os.rename": (2, (2, 3)), "os.chdir": (1, ()), "shutil.rmtree": (1, ()),
                "shutil.copyfile": (2, ()), "shutil.copymode": (2, ()),
                "shutil.copystat": (2, ()), "shutil.move": (2, ()), "shutil.copytree": (2, ()),
@@ -100,7 +105,8 @@ def make_resolver():
 
 
 def make_path_checks(tmp: str, read_roots: tuple, refuse):
-    """``(check_open, check_paths)`` for the ``open`` event and the :data:`PATH_EVENTS`."""
+    """``(check_open, check_list, check_paths)`` for the ``open`` event, directory listings and the
+    :data:`PATH_EVENTS`."""
     import posix
     import stat
 
@@ -145,6 +151,15 @@ def make_path_checks(tmp: str, read_roots: tuple, refuse):
         if hidden or not under(real, read_roots) or is_directory(real):
             refuse(event, "read outside the sandbox: %s" % real)
 
+    def check_list(event, args):
+        """A directory listing is a read: inside the temp dir or the read roots only (names in a split's
+        directory, or anywhere else, are not the program's to see)."""
+        real = resolve(event, args[0] if args else ".")
+        if real is None or under(real, (tmp,)):
+            return  # a descriptor: opening it went through check_open
+        if any(d in real.split("/") for d in hidden_dirs) or not under(real, read_roots):
+            refuse(event, "list outside the sandbox: %s" % real)
+
     def check_paths(event, args, n, dir_fds):
         for p in args[:n]:
             if type(p) is int or type(p) is bool:
@@ -155,7 +170,7 @@ def make_path_checks(tmp: str, read_roots: tuple, refuse):
             if i < len(args) and args[i] is not None and args[i] != -100:
                 refuse(event, "dir_fd")
 
-    return check_open, check_paths
+    return check_open, check_list, check_paths
 
 
 def make_guard(tmp: str, read_roots: tuple):
@@ -178,7 +193,7 @@ def make_guard(tmp: str, read_roots: tuple):
         refusals.append("%s: %s" % (event, why))
         raise PermissionError("sandbox refused %s (%s)" % (event, why))
 
-    check_open, check_paths = make_path_checks(tmp, read_roots, refuse)
+    check_open, check_list, check_paths = make_path_checks(tmp, read_roots, refuse)
 
     def check(event, args):
         if event == "sys._getframe":
@@ -194,6 +209,8 @@ def make_guard(tmp: str, read_roots: tuple):
                 refuse(event, name)
         elif event == "open":
             check_open(event, args)
+        elif event in ("os.listdir", "os.scandir"):
+            check_list(event, args)
         elif event in path_events:
             check_paths(event, args, *path_events[event])
 
@@ -219,15 +236,18 @@ def read_roots(tmp: str) -> tuple:
 
 def disarm() -> None:
     """Take away what the hook cannot police: denied modules already imported, pidfd_open,
-    and signal handlers (a handler is handed the interrupted frame: the harness's secrets)."""
+    mknod and mkfifo (no audit event), and signal handlers (a handler is handed the interrupted frame: the harness's secrets)."""
     for name in list(sys.modules):
-        if name.split(".")[0] in DENY_IMPORT - {"_signal"}:
+        if name.split(".")[0] in DENY_IMPORT - KEEP_LOADED:
             del sys.modules[name]
     import signal
 
+    # mknod and mkfifo raise no audit event; a device node or a fifo serves no program, and where the child
+    # keeps uid 0 (no drop to nobody) a device node made in the temp dir would read around the open check
     for mod in (os, sys.modules.get("posix")):
-        if mod is not None and hasattr(mod, "pidfd_open"):
-            delattr(mod, "pidfd_open")
+        for attr in ("pidfd_open", "mknod", "mkfifo"):
+            if mod is not None and hasattr(mod, attr):
+                delattr(mod, attr)
     for mod in (signal, sys.modules["_signal"]):
         for attr in ("signal", "set_wakeup_fd"):
             if hasattr(mod, attr):

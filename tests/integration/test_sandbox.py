@@ -523,3 +523,56 @@ def test_session_answers_calls_one_at_a_time():
         assert over.value.result.status == "timeout"
         with pytest.raises(SessionOver):
             s.call(2)
+
+
+# ------------------------------------------------------------------------ reads, sockets, nodes, tracing
+def _outside_cases(split: str) -> dict[str, str]:
+    return {
+        "read a split": f"def f(x):\n    return len(open({split!r}).read())",
+        "read /etc": "def f(x):\n    return len(open('/etc/passwd').read())",
+        "list /etc": "import os\ndef f(x):\n    return len(os.listdir('/etc'))",
+        "list a split's dir": f"import os\ndef f(x):\n    return len(list(os.scandir({os.path.dirname(split)!r})))",
+        "glob /etc": "import glob\ndef f(x):\n    return len(glob.glob('/etc/*'))",
+        "udp": "import socket\ndef f(x):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+               "    s.sendto(b'x', ('127.0.0.1', 9))\n    return x",
+        "unix path": "import socket\ndef f(x):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect('/run/x.sock')\n"
+                     "    return x",
+        "unix abstract": "import socket\ndef f(x):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect('\\0lopd-warm')\n"
+                         "    return x",
+        "socketpair": "import socket\ndef f(x):\n    a, b = socket.socketpair()\n    return x",
+        "ipv6": "import socket\ndef f(x):\n    s = socket.socket(socket.AF_INET6)\n    s.connect(('::1', 9))\n    return x",
+        "hard link to a split": f"import os\ndef f(x):\n    os.link({split!r}, 'l')\n    return len(open('l').read())",
+        "mkfifo": "import os\ndef f(x):\n    os.mkfifo('p')\n    return x",
+        "mknod, a device": "import os, stat\ndef f(x):\n    os.mknod('d', stat.S_IFCHR | 0o600, os.makedev(1, 3))\n"
+                           "    return x",
+        "mknod through a fresh posix": "import sys\ndef f(x):\n    del sys.modules['posix']\n    import posix\n"
+                                       "    posix.mknod('d')\n    return x",
+        "settrace": "import sys\ndef f(x):\n    sys.settrace(lambda *a: None)\n    return x",
+        "setrlimit": "import resource\ndef f(x):\n    resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\n    return x",
+    }
+
+
+@pytest.mark.parametrize("case", list(_outside_cases("/x/test.jsonl")))
+def test_reads_sockets_nodes_and_tracing_refused(tmp_path, case):
+    """A split's file and directory, ``/etc``, UDP, AF_UNIX (path and abstract), socketpair and IPv6
+    sockets, hard links, fifos and device nodes (``mknod`` and ``mkfifo`` raise no audit event: they are
+    taken away, a fresh ``posix`` included), ``sys.settrace`` and ``resource.setrlimit``: none succeeds."""
+    split = tmp_path / "splits" / "test.jsonl"
+    split.parent.mkdir()
+    split.write_text('{"prompt": "secret"}\n')
+    os.chmod(tmp_path, 0o755), os.chmod(split.parent, 0o755), os.chmod(split, 0o644)
+    r = assert_not_ok(_outside_cases(str(split))[case], timeout_s=2)
+    assert r.status in ("refused", "error"), r
+    assert split.read_text() == '{"prompt": "secret"}\n'
+
+
+def test_a_listing_inside_the_sandbox_and_the_stdlib_is_allowed():
+    """The listing rule reads like the open rule: the temp dir and the standard library stay listable."""
+    code = ("import os\ndef f(x):\n    open('a.txt', 'w').write('1')\n"
+            "    return [len(os.listdir('.')) >= 1, len(os.listdir(os.path.dirname(os.__file__))) > 10]")
+    r = run_calls(code, "f", [[1]], timeout_s=2.0)
+    assert r.status == "ok" and r.outputs == [[True, True]], r
+
+
+def test_a_program_that_lists_outside_scores_zero(task, tmp_path):
+    assert score(task, "import os \nos.listdir ( '/etc' ) \n" + task.spec["solution"]) == 0.0

@@ -38,3 +38,20 @@ def test_a_trial_is_hashed_over_the_keys_it_trains_with():
     excluded_before = {"arms", "seeds", "extra_arms", "extra_seeds", "use_best_params", "per_seed_draws", "beta_rate",
                        "beta_fixed"}
     assert set(TRIAL_KEYS) == set(TrainParams.model_fields) - excluded_before
+
+
+def test_a_dump_records_as_read_only_the_keys_it_dumps():
+    """The declared = read recording (lopd/config/section.py) counts a ``model_dump``'s keys: with
+    ``include`` only those, with ``exclude`` all but those (the trial hash dumps TRIAL_KEYS only)."""
+    from lopd.config import record_reads
+
+    train = load_params(REPO / "params.yaml").train
+    for kwargs, want in (({"include": set(TRIAL_KEYS)}, set(TRIAL_KEYS)),
+                         ({"exclude": set(MATRIX_KEYS)}, set(TrainParams.model_fields) - set(MATRIX_KEYS))):
+        reads: set[str] = set()
+        record_reads(reads)
+        try:
+            train.model_dump(**kwargs)
+        finally:
+            record_reads(None)
+        assert reads == {f"train.{k}" for k in want}, kwargs
