@@ -142,7 +142,7 @@ def main() -> None:
 
     from lopd.bank import ExperienceBank
     from lopd.config import load_params
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
     from lopd.paths import Paths
     from lopd.stages.common import experience_task, load_backbone, task_embeddings, upstream_seed
     from lopd.training.cold_start import cold_start

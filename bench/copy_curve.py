@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     from lopd.config import load_params
     from lopd.engine.evaluation import make_envs
     from lopd.model.chat import ChatFormat
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
 
     params = load_params(a.params, a.profile)
     seed_everything(params.base.seed, params.model.torch_threads)

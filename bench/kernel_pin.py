@@ -1,4 +1,4 @@
-"""The speed cost of the kernel pin (lopd.kernels): base pretraining and LOPD training steps
+"""The speed cost of the kernel pin (lopd.compat.kernels): base pretraining and LOPD training steps
 with the pinned AVX2 kernels against the CPU's own (native: AVX-512 where the CPU has it).
 
     python bench/kernel_pin.py [--base-steps 400] [--train-steps 16] [--repeats 3]
@@ -39,7 +39,7 @@ def _child(kind: str, steps: int) -> None:
         from lopd.training.base_policy import train_base_policy
         from lopd.config import load_params
         from lopd.engine.evaluation import make_envs
-        from lopd.kernels import seed_everything
+        from lopd.compat.kernels import seed_everything
 
         p = load_params(REPO / "params.yaml")
         p = p.model_copy(update={"base": p.base.model_copy(update={"steps": steps})})

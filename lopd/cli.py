@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from lopd.kernels import pin_kernels  # noqa: E402
+from lopd.compat.kernels import pin_kernels  # noqa: E402
 
 # before torch computes anything, here and in the warm worker this command may start (it inherits the
 # environment): the same CPU kernels on every x86-64 machine, whatever the parent environment says

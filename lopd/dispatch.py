@@ -15,15 +15,20 @@ import importlib
 import os
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 from lopd.arms import get_arm
 from lopd.config import load_params, record_reads, recorded_reads, unrecorded
 from lopd.errors import BadInput, RunFailed
-from lopd.kernels import kernel_record
+from lopd.compat.kernels import kernel_record
 from lopd.workflow.lockguard import snapshot_for_stage
 from lopd.paths import Paths
 from lopd.stages.registry import COMMANDS, command
 from lopd.utils import atomic_write_text, write_json
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 # deprecation chatter from transformers/peft internals says nothing about our runs
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -151,7 +156,7 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     return 0
 
 
-def _check_arm_and_seed(params, args) -> None:
+def _check_arm_and_seed(params: Params, args) -> None:
     """Before anything is written: an unknown arm, a seed that is not one of the arm's (``train.seeds``,
     plus ``train.extra_seeds`` for ``train.extra_arms``), or an upstream draw (``--draw``) that is not a
     seed of the final runs, is bad input."""

@@ -300,7 +300,7 @@ def serve(owner: int, root: str) -> None:
 
 
 if __name__ == "__main__":
-    from lopd.kernels import pin_kernels
+    from lopd.compat.kernels import pin_kernels
 
     pin_kernels()  # inherited from the client already; set again so that no import below can see another value
     serve(int(sys.argv[1]), sys.argv[2])

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # each spin on the cores the other needs; passive waiting changes when threads sleep, never a result.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from lopd.kernels import pin_kernels  # noqa: E402
+from lopd.compat.kernels import pin_kernels  # noqa: E402
 
 # before any test imports torch and computes: in-process stages then use the kernels a stage
 # process pins (lopd.cli does the same), whatever the CI runner's environment says

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables, variance
 from lopd.analysis.calibration import NULLS, design_rates
@@ -31,6 +32,10 @@ from lopd.analysis.render import write_text
 from lopd.arms import ARMS
 from lopd.errors import BadInput
 from lopd.utils import clean_json, write_json
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 REPORT_DIR = "reports"
 OPTIONAL_FILES = ("hpo/trials.csv", "hpo/margin_paths.csv", "hpo/best_params.yaml", "hpo/selection.json", "hpo/baselines.yaml",
@@ -79,7 +84,7 @@ def _missing_inputs(root: Path, runs, evals, not_run: dict[str, str]) -> list[st
     return missing + [p for p in OPTIONAL_FILES if not (root / p).exists()]
 
 
-def _design_note(params, rule: Rule, fal: dict) -> str:
+def _design_note(params: Params, rule: Rule, fal: dict) -> str:
     """The design the rule is sized for, and the simulated false-claim rates and power of the full rule at the
     design effect, with the upstream draws as the final runs drew them (``train.per_seed_draws``)."""
     d, per_seed = params.report.design, params.train.per_seed_draws
@@ -153,7 +158,7 @@ def pilot_section(md: str) -> str:
                       "confirmation's design (registration.json); the verdict above is the confirmatory one.", *body])
 
 
-def build_report(params, root: Path = Path("."), registration: dict | None = None) -> dict:
+def build_report(params: Params, root: Path = Path("."), registration: dict | None = None) -> dict:
     """Write every report file under ``root/reports/`` and return the summary (also ``summary.json``).
     ``registration``: ``registration/registration.json`` as the report stage loaded and checked it
     (:func:`lopd.confirmation.registration.load`); None: no confirmatory verdict."""

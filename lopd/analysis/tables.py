@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,19 +18,22 @@ from lopd.analysis.loading import MEAN_COL, values
 from lopd.analysis.render import CONDITIONAL, arm_order, fmt, fmt_p, md_table, tex_escape, write_text
 from lopd.utils import write_json
 
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], np.ndarray, np.ndarray]:
     seeds = sorted(set(a) & set(b))
     return seeds, np.array([a[s] for s in seeds]), np.array([b[s] for s in seeds])
 
 
-def domains(params, evals) -> list[str]:
+def domains(params: Params, evals) -> list[str]:
     found = {d for a in evals.values() for e in a.values() for d in e["by_domain"]}
     return [d for d in params.envs.domains if d in found] + sorted(found - set(params.envs.domains))
 
 
 # --------------------------------------------------------------------------- main table
-def main_table(params, evals) -> dict:
+def main_table(params: Params, evals) -> dict:
     """Per arm and column (domains, mean): :func:`st.summarize`; per column, the best arm vs the
     runner-up by a two-sided paired t-test over shared seeds, Holm across columns."""
     arms = arm_order(evals)
@@ -58,7 +62,7 @@ def seed_counts_text(evals, arms) -> str:
     return "n = " + ", ".join(f"{a}: {len(evals[a])}" for a in arms) + " seeds"
 
 
-def write_main_table(out: Path, params, evals, mt: dict) -> None:
+def write_main_table(out: Path, params: Params, evals, mt: dict) -> None:
     arms, cols, cells, tests = mt["arms"], mt["cols"], mt["cells"], mt["tests"]
     if not arms:
         write_text(out / "main_table.md", "# Main table: test reward\n\nMISSING: no evaluation results under "
@@ -110,7 +114,7 @@ def write_main_table(out: Path, params, evals, mt: dict) -> None:
 
 
 # --------------------------------------------------------------------------- exploratory comparisons
-def comparisons(params, evals, treatment: str) -> dict:
+def comparisons(params: Params, evals, treatment: str) -> dict:
     """``treatment`` vs every other arm on mean test reward, paired over shared seeds: two-sided paired t
     (primary), 95% t-CI, exact sign-flip p (robustness), Holm over the family (on the t p-values) and the
     paired probability of improvement (:func:`lopd.analysis.stats.prob_improvement`). No task-level
@@ -136,7 +140,7 @@ def comparisons(params, evals, treatment: str) -> dict:
     return {"rows": rows, "skipped": skipped, "missing_treatment": False, "treatment": treatment}
 
 
-def write_comparisons(out: Path, params, cmp: dict) -> None:
+def write_comparisons(out: Path, params: Params, cmp: dict) -> None:
     t, alpha = cmp["treatment"], params.report.alpha
     md = [f"# {t} vs every other arm (test mean reward), exploratory", ""]
     if cmp["missing_treatment"]:

@@ -23,10 +23,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lopd.errors import BadInput
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency")
 
@@ -181,7 +186,7 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
     return out
 
 
-def efficiency_part(params, baselines: dict, points: list[dict]) -> dict | None:
+def efficiency_part(params: Params, baselines: dict, points: list[dict]) -> dict | None:
     """What the efficiency curve on the confirmatory split registers (None: ``confirm.efficiency_baseline`` is
     null): lopd at S's selected point keeps its student after each of ``confirm.efficiency_fractions``' steps (and its
     last step's is the run's own); the baseline trains at slot 0 on the confirmation seeds at its values tuned on

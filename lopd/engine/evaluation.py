@@ -13,6 +13,7 @@ seed-to-seed variance can be computed.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from lopd.envs import make_env
 from lopd.envs.base import Task
@@ -20,8 +21,11 @@ from lopd.errors import BadInput
 from lopd.engine.rollout import Rollout, RowMembers, rollout_batch
 from lopd.engine.sampling import derive_seed
 
+if TYPE_CHECKING:
+    from lopd.config import Params
 
-def make_envs(params) -> dict:
+
+def make_envs(params: Params) -> dict:
     return {d: make_env(d, params.envs) for d in params.envs.domains}
 
 

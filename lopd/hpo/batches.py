@@ -21,7 +21,11 @@ uninterrupted one. No finished trial is lost and none is run twice
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+    from lopd.training.trainer import Resources
 
 
 @dataclass
@@ -99,7 +103,7 @@ def run_batches(study, *, budget: int, batch: int, suggest: Callable[[Any], dict
     return study
 
 
-def train_trials(params, res, arm_name: str, trials: list, points: list[dict], *, seeds: list[int], steps: int,
+def train_trials(params: Params, res: Resources, arm_name: str, trials: list, points: list[dict], *, seeds: list[int], steps: int,
                  val_every: int, naming=None, parent_run_id: str | None = None) -> list[Outcome]:
     """Train every trial's point with every seed as one population (validation split only), as
     :func:`run_batches`' ``train`` (:func:`lopd.population.points.train_points`).

@@ -23,6 +23,7 @@ proposals, ``hpo.trials_per_extension`` trials in all; the new best trials are c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -30,8 +31,12 @@ from lopd.hpo.boundary import AxisRule, extend, record
 from lopd.hpo.study import BASELINE_COLUMNS, horizon
 from lopd.utils import atomic_write_text, write_csv
 
+if TYPE_CHECKING:
+    from lopd.config import Params
+    from lopd.training.trainer import Resources
 
-def axis_rules(params) -> dict[str, AxisRule]:
+
+def axis_rules(params: Params) -> dict[str, AxisRule]:
     """How each coordinate steps past an edge, and its natural bounds: m ≥ 0 (m = 0 is the unconstrained
     objective), 1 ≤ K ≤ cold_start.k_max, 1 ≤ n_ret ≤ cold_start.n_ret_max (what the cold start trained), a GRPO
     group of at least 2 that divides the step's rollouts; the learning rate has none."""
@@ -60,7 +65,7 @@ def forced_points(point: dict, old: dict, new: dict) -> list[dict]:
     return out
 
 
-def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_files: list[Path],
+def search_arm(params: Params, res: Resources, arm: str, axes, out_dir: Path, *, storage: str, dep_files: list[Path],
                fixed: dict | None = None, parent_tracker=None, on_batch=None) -> tuple[dict, "optuna.Study"]:  # noqa: F821
     """``arm``'s search over ``axes`` with the boundary rule (module docstring); writes its ``trials.csv``,
     ``confirm.csv``, ``margin_paths.csv`` and ``selection.json`` to ``out_dir`` (LOPD's also
@@ -100,7 +105,7 @@ def search_arm(params, res, arm: str, axes, out_dir: Path, *, storage: str, dep_
     return write_outputs(study, out_dir, params, have, arm=arm, space_=space_, boundary=boundary), study
 
 
-def fixed_values(params, arm: str, axes, sel: dict) -> dict:
+def fixed_values(params: Params, arm: str, axes, sel: dict) -> dict:
     """What ``arm``'s search holds fixed: LOPD's selected m, K, n_ret and learning rate where the arm reads the
     selected point (``use_selected``) and does not search them; otherwise the ``train`` params."""
     from lopd.arms import get_arm
@@ -110,7 +115,7 @@ def fixed_values(params, arm: str, axes, sel: dict) -> dict:
     return {k: sel[k] for k in ("margin", "K", "n_ret", "lr_student") if k not in axes}
 
 
-def tuned_knob(params, arm: str) -> tuple[str, list[float]]:
+def tuned_knob(params: Params, arm: str) -> tuple[str, list[float]]:
     """The knob an arm of ``hpo.baseline_arms`` is tuned over and its values: lopd_fixbeta's held β
     (``hpo.beta_fixed_choices``), any other arm's student learning rate (``hpo.lr_choices``)."""
     from lopd.arms import get_arm
@@ -120,13 +125,13 @@ def tuned_knob(params, arm: str) -> tuple[str, list[float]]:
     return "lr_student", list(params.hpo.lr_choices)
 
 
-def knob_rule(knob: str, params) -> AxisRule:
+def knob_rule(knob: str, params: Params) -> AxisRule:
     """How a one-knob grid (``hpo.baseline_arms``) steps past an edge: the held β by the grid's ratio, with β = 0
     (no weight on φ's Δ term) its natural bound; a learning rate as in the search (:func:`axis_rules`)."""
     return AxisRule("ratio", floor=0.0) if knob == "beta_fixed" else axis_rules(params)[knob]
 
 
-def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None, searched: dict | None = None) -> dict:
+def tune_baselines(params: Params, res: Resources, sel: dict, out_dir: Path, parent_tracker=None, searched: dict | None = None) -> dict:
     """Each arm of ``hpo.baseline_arms`` trained at every value of its knob (:func:`tuned_knob`; same
     horizon and seeds as a search trial, validation only; m, K, n_ret of the selected point where the arm
     reads them, and its learning rate too when the knob is not the rate): per arm, its values × seeds as
@@ -154,7 +159,7 @@ def tune_baselines(params, res, sel: dict, out_dir: Path, parent_tracker=None, s
     return chosen
 
 
-def _tune_knob(params, res, arm: str, knob: str, values: list[float], fixed: dict, rows: list,
+def _tune_knob(params: Params, res: Resources, arm: str, knob: str, values: list[float], fixed: dict, rows: list,
                parent_tracker) -> dict:
     """``arm`` trained at each of ``values`` of ``knob`` (values × seeds as one population), then at each value
     the boundary rule adds (one population per extension); appends every run to ``rows``; returns the arm's

@@ -29,10 +29,16 @@ The split guard applies: this stage's reader has role ``hpo`` and cannot open ``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from lopd.utils import atomic_write_text, write_csv, write_json
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+    from lopd.training.trainer import Resources
+
 
 TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "confirmed_value", "confirmed_seeds",
                  "tied_with_best", "margin", "K", "n_ret", "lr_student"]
@@ -41,7 +47,7 @@ BASELINE_COLUMNS = ["arm", "knob", "knob_value", "seed", "val_reward"]
 MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
 
 
-def horizon(params) -> int:
+def horizon(params: Params) -> int:
     """Training steps of a search trial: ``hpo.steps``, or the final runs' ``train.steps`` when null."""
     return params.hpo.steps or params.train.steps
 
@@ -49,7 +55,7 @@ def horizon(params) -> int:
 LOPD_AXES = ("margin", "K", "n_ret", "lr_student")
 
 
-def space(params, axes: tuple[str, ...] | list[str] = LOPD_AXES) -> dict:
+def space(params: Params, axes: tuple[str, ...] | list[str] = LOPD_AXES) -> dict:
     """The choices of each searched coordinate in ``axes`` (default: LOPD's) before any extension of the
     boundary rule (:mod:`lopd.hpo.boundary`)."""
     hp = params.hpo
@@ -76,7 +82,7 @@ def dep_files(paths) -> list[Path]:
             paths.cold_start / "phi0.safetensors"]
 
 
-def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | None = None,
+def study_name(params: Params, dep_files: list[Path], arm: str = "lopd", space_: dict | None = None,
                fixed: dict | None = None, level: int = 0, after: int | None = None) -> str:
     """``hpo.study_name`` plus a hash of everything a trial's value depends on except
     ``n_trials`` — the training setup and the contents of the upstream outputs (splits manifest,
@@ -104,7 +110,7 @@ def study_name(params, dep_files: list[Path], arm: str = "lopd", space_: dict | 
     return f"{name}-{arm}-{level}-{hashlib.sha256(more.encode()).hexdigest()[:8]}"
 
 
-def _space_hash(params) -> str:
+def _space_hash(params: Params) -> str:
     import hashlib
 
     # none of these changes a trial (the other arms' spaces and the extensions enter study_name's own hash)
@@ -115,7 +121,7 @@ def _space_hash(params) -> str:
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
 
 
-def run_search(params, res, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
+def run_search(params: Params, res: Resources, *, storage: str, dep_files: list[Path], n_trials: int | None = None,
                worker: bool = False, parent_tracker=None, on_batch=None, arm: str = "lopd",
                space_: dict | None = None, fixed: dict | None = None, level: int = 0, parent=None,
                forced: list[dict] = ()) -> "optuna.Study":  # noqa: F821
@@ -206,18 +212,18 @@ def distributions(space_: dict) -> dict:
             for a, v in space_.items()}
 
 
-def search_seeds(params) -> list[int]:
+def search_seeds(params: Params) -> list[int]:
     """The training seeds of every search trial."""
     return [1000 + s for s in range(params.hpo.seeds_per_trial)]
 
 
-def confirm_seeds(params) -> list[int]:
+def confirm_seeds(params: Params) -> list[int]:
     """The seeds the confirmed trials are rerun with (after the search's own)."""
     hp = params.hpo
     return [1000 + hp.seeds_per_trial + s for s in range(hp.confirm_seeds)]
 
 
-def confirm_trials(params, res, study, out_dir: Path, parent_tracker=None, *, arm: str = "lopd",
+def confirm_trials(params: Params, res: Resources, study, out_dir: Path, parent_tracker=None, *, arm: str = "lopd",
                    fixed: dict | None = None, have: dict[int, list[float]] | None = None) -> dict[int, list[float]] | None:
     """The ``hpo.confirm_top`` best COMPLETE trials (:func:`lopd.hpo.selection.confirm_candidates`), each rerun
     with :func:`confirm_seeds` at the search's horizon, all as one population on val; returns each one's mean
@@ -281,7 +287,7 @@ def finished_trials(study) -> list:
                   key=lambda t: t.number)
 
 
-def write_outputs(study, out_dir: Path, params, per_seed: dict[int, list[float]] | None = None, *,
+def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list[float]] | None = None, *,
                   arm: str = "lopd", space_: dict | None = None, boundary: dict | None = None) -> dict:
     """``trials.csv`` (every finished trial with its val CI on the search's seeds, its mean over every seed
     where it was confirmed, and whether it ties with the best), ``margin_paths.csv`` (:func:`margin_path_rows`:
@@ -351,7 +357,7 @@ def _num(v):
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else float(v)
 
 
-def _point(p: dict, params) -> dict:
+def _point(p: dict, params: Params) -> dict:
     """A trial's point as the final runs read it (``best_params.yaml``)."""
     return {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
             "lr_student": float(p.get("lr_student", params.train.lr_student))}

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lopd.errors import BadInput
 from lopd.utils import atomic_write_text
@@ -44,6 +45,10 @@ from lopd.launch.driver import INTERRUPTED, Driver, raise_if_interrupted, resour
 from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
 from lopd.launch.plan import Plan, read_plan
 from lopd.launch.worktree import git, remove_stale_worktrees, remove_worktree
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 ERROR_LOG_TAIL = 20  # lines of a failed job's log printed with its path
 RAY_START_TRIES = 3
@@ -66,7 +71,7 @@ def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
             "log": str(log_dir / "fan-in.log")}
 
 
-def launch(params, root: str | Path = ".", address: str | None = None, num_cpus: float | None = None,
+def launch(params: Params, root: str | Path = ".", address: str | None = None, num_cpus: float | None = None,
            num_gpus: float | None = None, targets: list[str] | None = None, log_dir: str | Path | None = None,
            check_resources: bool = True) -> dict:
     """Run the out-of-date stages on Ray (``address``: an existing cluster; None: start a local

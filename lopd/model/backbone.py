@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
@@ -24,6 +24,10 @@ from lopd.compat import peft as compat_peft
 from lopd.errors import BadInput
 from lopd.model import members
 from lopd.model.chat import ChatFormat
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 ROLES = ("student", "composer", "teacher")
 
@@ -345,7 +349,7 @@ class Backbone:
         self.mode(self.role or "student")
 
 
-def load_backbone(params, base_dir: str | Path) -> Backbone:
+def load_backbone(params: Params, base_dir: str | Path) -> Backbone:
     """The base policy written by the ``base`` stage (or a real model) with fresh adapters."""
     from lopd.model.tokenizer import load_tokenizer
 

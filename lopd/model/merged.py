@@ -4,6 +4,7 @@ folded in (no adapter wrappers, no composer, no teacher)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from lopd.compat import peft as compat_peft
 from lopd.errors import BadInput
 from lopd.model.backbone import load_causal_lm, resolve_device, resolve_dtype
 from lopd.model.chat import ChatFormat
+
+if TYPE_CHECKING:
+    from lopd.config import Params
 
 
 def merge_lora_state(base: nn.Module, state: dict[str, torch.Tensor], lora_alpha: int, lora_r: int) -> nn.Module:
@@ -47,7 +51,7 @@ def merge_lora_state(base: nn.Module, state: dict[str, torch.Tensor], lora_alpha
     return base
 
 
-def load_student_policy(params, base_dir: str | Path, adapter_state: dict[str, torch.Tensor]):
+def load_student_policy(params: Params, base_dir: str | Path, adapter_state: dict[str, torch.Tensor]):
     """(model, ChatFormat) of the trained student alone: base weights with the student adapter merged."""
     from lopd.model.tokenizer import load_tokenizer
 

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+    from lopd.training.trainer import Resources
 
 
 @dataclass
@@ -32,7 +36,7 @@ class Job:
     rid_key: Path | None = None
 
 
-def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str | None = None,
+def run_jobs(params: Params, res: Resources, arm_name: str, jobs: list[Job], *, parent_run_id: str | None = None,
              ckpt_dir: Path | None = None, label: str = "population") -> list[tuple[dict, dict]]:
     """Train ``jobs`` (all of ``arm_name``) as populations of at most ``train.population_size``
     members (null: one population), one after another; each job's ``(result, meta)`` as
@@ -55,7 +59,7 @@ def run_jobs(params, res, arm_name: str, jobs: list[Job], *, parent_run_id: str 
     return done
 
 
-def _run_population(params, res, arm_name: str, jobs: list[Job], parent_run_id: str | None, ckpt_dir: Path | None,
+def _run_population(params: Params, res: Resources, arm_name: str, jobs: list[Job], parent_run_id: str | None, ckpt_dir: Path | None,
                     label: str) -> list[tuple[dict, dict]]:
     """``jobs`` as one population. A failure marks every job's MLflow run FAILED. ``ckpt_dir`` is
     removed once every job's outputs are written, so a kill while they are written resumes at the

@@ -8,7 +8,11 @@ every member on all val tasks, as a run alone ends (:func:`lopd.training.run.run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+    from lopd.training.trainer import Resources
 
 
 MARGIN_PATH = ("step", "beta", "delta_phi")  # what a run's margin did, per step (its history.csv columns)
@@ -35,7 +39,7 @@ def read_margin_path(history_csv) -> dict[str, list[float]]:
     return {k: [num(r.get(k)) for r in rows] for k in MARGIN_PATH if rows and k in rows[0]}
 
 
-def train_points(params, res, arm_name: str, points: list[dict], seeds: list[int], *, steps: int, val_every: int,
+def train_points(params: Params, res: Resources, arm_name: str, points: list[dict], seeds: list[int], *, steps: int, val_every: int,
                  on_report: Callable[[int, int, float], None] | None = None,
                  naming: Callable[[int, int], tuple[dict, str]] | None = None, parent_run_id: str | None = None,
                  label: str = "population") -> list[list[Score]]:

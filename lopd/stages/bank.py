@@ -69,7 +69,7 @@ def run(params: Params, paths: Paths, draw: int | None = None, out_dir=None) -> 
     (``models/draws/bank-<draw>``, seed :func:`upstream_seed`). ``out_dir``: write there instead (a
     confirmation seed's draw, :mod:`lopd.stages.confirm_draw`)."""
     from lopd.engine.evaluation import make_envs
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
 
     bp = params.bank
     seed = bp.seed if draw is None else upstream_seed(params, "bank", draw)

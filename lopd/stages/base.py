@@ -47,7 +47,7 @@ def run(params: Params, paths: Paths) -> dict:
     from lopd.engine.evaluation import evaluate_policy, make_envs
     from lopd.model.chat import ChatFormat
     from lopd.tracking import Tracker
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
 
     bp = params.base
     seed_everything(bp.seed, params.model.torch_threads)

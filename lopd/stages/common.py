@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lopd import data as data_mod
 from lopd.config import Params
 from lopd.paths import Paths
 from lopd.utils import write_json
 
+if TYPE_CHECKING:
+    from lopd.training.trainer import Resources
+
 
 def load_backbone(params: Params, paths: Paths):
     from lopd.model.backbone import load_backbone as _load
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
 
     seed_everything(0, params.model.torch_threads)
     return _load(params, paths.base)
@@ -60,7 +65,7 @@ def load_resources(params: Params, paths: Paths, role: str, need_bank: bool = Tr
     return res
 
 
-def with_draw(paths: Paths, res, draw: int, dirs=None):
+def with_draw(paths: Paths, res: Resources, draw: int, dirs=None):
     """``res`` with upstream draw ``draw``'s bank and φ0 (``models/draws/*-<draw>``): a population
     member's own draw on the shared backbone, tasks and task embeddings (those depend on the
     backbone only)."""

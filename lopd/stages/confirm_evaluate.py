@@ -58,11 +58,11 @@ def run(params: Params, paths: Paths) -> dict:
     return out
 
 
-def _evaluate_one(params, paths: Paths, where: str, arm: str, seed: int, run_dir, tasks, envs, reg_sha: str,
+def _evaluate_one(params: Params, paths: Paths, where: str, arm: str, seed: int, run_dir, tasks, envs, reg_sha: str,
                   step: int | None = None) -> dict:
     """One student on every confirmatory task; ``step``: an efficiency snapshot (``run_dir`` is its folder),
     written under ``.../seed-<s>/snapshots/step-<t>`` with the rollouts it had used."""
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
     from lopd.model.merged import load_student_policy
     from lopd.stages.common import splits_read
     from lopd.stages.evaluate import _evaluate

@@ -66,7 +66,7 @@ def run(params: Params, paths: Paths, arm: str, seed: int | None = None) -> dict
 
 def _evaluate_seed(params: Params, paths: Paths, arm: str, seed: int, test, envs) -> dict:
     from lopd.envs import make_env
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
     from lopd.model.merged import load_student_policy
     from lopd.training.checkpoint import load_tensors_verified
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lopd.config import Params
 from lopd.paths import Paths
 from lopd.stages.common import load_resources, splits_read
 from lopd.utils import write_csv, write_json
+
+if TYPE_CHECKING:
+    from lopd.training.trainer import Resources
+
 
 GRID_COLUMNS = ["axis", "margin", "K", "n_ret", "lr_student", "seed", "val_reward"]
 
@@ -42,7 +48,7 @@ def run(params: Params, paths: Paths) -> dict:
     return {"n_runs": len(rows)}
 
 
-def _run_grid(params: Params, res, sel: dict, parent_run_id: str | None) -> list[dict]:
+def _run_grid(params: Params, res: Resources, sel: dict, parent_run_id: str | None) -> list[dict]:
     """Every grid point × seed trained on train and scored on val, as one population."""
     from lopd.population.points import train_points
     from lopd.tracking.names import sensitivity_run

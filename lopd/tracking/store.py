@@ -13,11 +13,15 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lopd.compat import mlflow as mlflow_compat
 from lopd.errors import BadInput
 from lopd.tracking import names
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # one background writer per process: batches land in order and do not contend with each other for SQLite
@@ -44,7 +48,7 @@ def git_commit() -> str:
     return _COMMIT[cwd]
 
 
-def experiment_key(params) -> str:
+def experiment_key(params: Params) -> str:
     """``<hash of every params section but tracking>-<git commit, 12 hex>``: what results depend on."""
     sections = [n for n in type(params).model_fields if n != "tracking"]
     return f"{params.section_hash(*sections)}-{git_commit()[:12]}"
@@ -68,7 +72,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def preload(params) -> None:
+def preload(params: Params) -> None:
     """Import MLflow's store code, open the store and find (or create) the experiment's parent run,
     in this process: for a worker that forks one process per stage, so that each stage skips that
     start-up (``bench/mlflow_overhead.py`` measures it).
@@ -164,7 +168,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def experiment_parent_id(params, client=None) -> str:
+def experiment_parent_id(params: Params, client=None) -> str:
     """The run id of this experiment's parent run, created (with the params as run params) if absent.
 
     Look-up and creation happen under :func:`_creation_lock`, so two processes starting the same
@@ -196,7 +200,7 @@ PARENT_NOTE = ("The report stage closes this run (FINISHED, the report attached)
                "`dvc repro` leaves it RUNNING until `lopd repro` runs.")
 
 
-def _create_parent(client, exp_id: str, params, key: str) -> str:
+def _create_parent(client, exp_id: str, params: Params, key: str) -> str:
     """The experiment parent, named after the DVC experiment and commit that created it, with the
     whole params as run params (``MlflowClient.log_batch`` splits them into batches MLflow accepts)."""
     from mlflow.entities import Param

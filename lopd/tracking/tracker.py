@@ -7,13 +7,17 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lopd.compat import mlflow as mlflow_compat
 from lopd.errors import BadInput
 from lopd.faults import kill_point
 from lopd.tracking.store import (HOST_TAG, PID_TAG, end_run, error_message, experiment_id, experiment_parent_id,
                                  handle_failure, lock_contention, open_client, provenance_tags, retry)
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 SWEPT: set[tuple[int, str, str]] = set()  # (pid, uri, experiment id) already swept for stale runs
 
@@ -25,7 +29,7 @@ class Tracker:
     and how; the other sections identify the experiment).
     """
 
-    def __init__(self, params, run_name: str, tags: dict[str, Any], parent_run_id: str | None = None,
+    def __init__(self, params: Params, run_name: str, tags: dict[str, Any], parent_run_id: str | None = None,
                  flush_every: int = 50, enabled: bool = True):
         self.tp = params.tracking
         self.run_id: str | None = None
@@ -61,7 +65,7 @@ class Tracker:
     def status(self) -> str:
         return "ok" if self.ok else f"failed: {self.error}"
 
-    def _log_batch(self, metrics=(), params=()) -> None:
+    def _log_batch(self, metrics=(), params: Params=()) -> None:
         """One ``log_batch``. An asynchronous one is checked at the next call (done by then) and
         at :meth:`end`; one that met SQLite lock contention is sent again, synchronously."""
         self._check_pending()
@@ -142,7 +146,7 @@ class Tracker:
                 self._fail(e)
 
 
-def log_report_artifacts(params, paths, root: str | Path | None = None) -> str:
+def log_report_artifacts(params: Params, paths, root: str | Path | None = None) -> str:
     """Attach the report files to the experiment parent and mark it FINISHED (the report is the last stage).
 
     A path keeps its directory inside the run's artifacts (``reports/figures/x.png``): relative to
@@ -179,7 +183,7 @@ def report_files(reports: str | Path) -> list[Path]:
                    *(out / "metrics").rglob("*.json")])
 
 
-def close_experiment(params, root: str | Path) -> str:
+def close_experiment(params: Params, root: str | Path) -> str:
     """The experiment parent FINISHED with the report under ``root/reports`` attached, whoever ran the
     report: after a repro in which DVC skipped the report stage (nothing it reads changed), the
     stages that did run left the parent RUNNING. A parent already FINISHED is left alone.
@@ -240,7 +244,7 @@ def mark_stale_run(tp, run_id: str) -> bool:
         return False
 
 
-def log_to_training_run(params, arm: str, seed: int, metrics: dict[str, float]) -> str:
+def log_to_training_run(params: Params, arm: str, seed: int, metrics: dict[str, float]) -> str:
     """Log ``metrics`` (step 0) on the training run of ``arm``/``seed`` in this experiment (the newest
     FINISHED run with tags stage=train, arm, seed under the experiment parent), so that the runs
     table shows a run's test reward beside its training signals.

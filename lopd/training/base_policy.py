@@ -23,6 +23,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,10 @@ from lopd.envs.tool import run_actions
 from lopd.model.chat import ChatFormat
 from lopd.training.objectives import sft_loss, token_logprobs
 from lopd.model.chat import pad_sequences
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 Messages = list[tuple[str, str]]
 
@@ -163,7 +168,7 @@ def train_on_demos(model, fmt: ChatFormat, demos: list[Demo], *, steps: int, bat
     return losses
 
 
-def train_base_policy(params, envs: dict, on_step=None):
+def train_base_policy(params: Params, envs: dict, on_step=None):
     """Build the tokenizer and the tiny model from ``params`` and pretrain it on
     :func:`pretraining_demos`; returns ``(model, tokenizer, info)`` (info: number of demos,
     final loss, number of parameters, the losses)."""

@@ -13,11 +13,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lopd.config import Params
 from lopd.errors import BadInput
 from lopd.utils import atomic_write_text, write_json
+
+if TYPE_CHECKING:
+    from lopd.training.trainer import Resources
 
 
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
@@ -110,7 +113,7 @@ def open_job(params: Params, arm, seed: int, hp, ckpt_dir: Path | None, tags: di
     return OpenJob(tracker, rid, stale, all_tags["params_hash"], time.time())
 
 
-def close_job(job: OpenJob, res, arm, trainer, info: dict, out_dir: Path, *, final: float | None,
+def close_job(job: OpenJob, res: Resources, arm, trainer, info: dict, out_dir: Path, *, final: float | None,
               final_val: bool, is_main: bool = True, ckpt_dir: Path | None = None) -> tuple[dict, dict]:
     """A trained job's ``(result, meta)``: writes its outputs to ``out_dir`` (``res``: the resources
     its trainer ran on, whose backbone maps its ``student`` role to its adapter), logs them and its
@@ -142,7 +145,7 @@ def close_job(job: OpenJob, res, arm, trainer, info: dict, out_dir: Path, *, fin
     return result, meta
 
 
-def _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world):
+def _fit(res: Resources, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world):
     from lopd.training.trainer import Trainer
     from lopd.utils import progress
 
@@ -166,7 +169,7 @@ def _fit(res, arm, arm_name, hp, seed, tracker, ckpt_dir, on_val, world):
     return trainer, info
 
 
-def _write_outputs(out_dir: Path, res, trainer, result: dict, splits: list) -> None:
+def _write_outputs(out_dir: Path, res: Resources, trainer, result: dict, splits: list) -> None:
     from lopd.training.checkpoint import save_tensors
     from lopd.training.trainer import HISTORY_COLUMNS
     from lopd.utils import write_csv
@@ -183,7 +186,7 @@ def _write_outputs(out_dir: Path, res, trainer, result: dict, splits: list) -> N
     write_json(out_dir / "result.json", result)
 
 
-def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
+def run_arm(params: Params, res: Resources, arm_name: str, seed: int, out_dir: Path, *, ckpt_dir: Path | None,
             best_params_file: Path | None = None, tags: dict | None = None, hp_over: dict | None = None,
             on_val=None, parent_run_id: str | None = None, final_val: bool = True, world=None,
             run_name: str | None = None) -> tuple[dict, dict]:
@@ -191,7 +194,7 @@ def run_arm(params: Params, res, arm_name: str, seed: int, out_dir: Path, *, ckp
     search selection (the search itself and the sensitivity grid pass their points in ``hp_over``).
     ``run_name`` names its MLflow run (default ``<arm> · seed <seed>``)."""
     from lopd.arms import get_arm
-    from lopd.kernels import seed_everything
+    from lopd.compat.kernels import seed_everything
 
     arm = get_arm(arm_name)
     hp = job_hparams(params, arm, best_params_file, hp_over)

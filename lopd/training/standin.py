@@ -27,9 +27,13 @@ from __future__ import annotations
 import random
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from lopd.errors import BadInput
+
+if TYPE_CHECKING:
+    from lopd.config import Params
+
 
 STANDIN_DIR = "models/external/qwen3-0.6b-standin"
 STANDIN_SEED = 0
@@ -144,7 +148,7 @@ def build_standin(out_dir: str | Path, envs_params, seed: int = STANDIN_SEED,
             "env_texts": len(env_texts)}
 
 
-def make_standin(params, root: str | Path, out: str | None) -> int:
+def make_standin(params: Params, root: str | Path, out: str | None) -> int:
     """``lopd make-standin``: build the stand-in under ``root`` (default :data:`STANDIN_DIR`)."""
     target = Path(out) if out else Path(root) / STANDIN_DIR
     info = build_standin(target, params.envs)

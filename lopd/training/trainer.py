@@ -31,7 +31,7 @@ import random
 import time
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -52,11 +52,15 @@ from lopd.training.arm_loss import OBJECTIVES, Passes, StepLoss
 from lopd.training.context import ContextBuilder
 from lopd.training.loop import Alone, fit as run_loop
 
+if TYPE_CHECKING:
+    from lopd.config import Params
+
+
 HISTORY_COLUMNS = ["step", "rollouts_used", "reward", "loss", "kd_loss", "delta_phi", "beta", "margin_sat_frac",
                    "anchor", "tail_mass", "n_supervised", "val_reward", "seconds"]
 
 
-def _from_params(cls, params, **over) -> "HParams":
+def _from_params(cls, params: Params, **over) -> "HParams":
     """Every ``train`` key of :data:`lopd.config.train.RUN_KEYS` from ``params.train`` (``steps``: the run's
     steps, :meth:`TrainParams.run_steps`), the generation limits from ``evaluate`` and ``model``, then
     ``over`` (its None values ignored)."""

@@ -4,7 +4,8 @@ The code a stage runs is the closure, over ``import`` statements, of the modules
 the ``lopd`` package, the command line's *runner* modules (:data:`RUNNER`) and the stage's own module.
 Every ``import`` in a module is followed, those inside functions included (a statically reachable
 import may run, so it is a dependency even when this configuration never takes that branch: the
-closure over-approximates, which can only rerun a stage too often, never too rarely). The runner is
+closure over-approximates, which can only rerun a stage too often, never too rarely); an import under
+``if TYPE_CHECKING:`` never runs and is not followed. The runner is
 the exception: ``lopd.cli``, ``lopd.dispatch`` and ``lopd.warm`` serve every command, so only their
 module-level imports are followed; what one command runs is named by a string in the stage registry
 (:mod:`lopd.stages.registry`) and reached through that command's own module.
@@ -58,10 +59,9 @@ def _imports(path: Path, module: str, module_level_only: bool) -> tuple[str, ...
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     root = package_root()
-    nodes = tree.body if module_level_only else list(ast.walk(tree))
-    if module_level_only:  # module-level, including under `if`/`try` at the top (not inside def/class)
-        nodes = [n for top in tree.body if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                 for n in ast.walk(top)]
+    # module-level only: under `if`/`try` at the top, not inside a def or class
+    skip = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef) if module_level_only else ()
+    nodes = list(_walk(tree.body, skip))
     out: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -73,6 +73,30 @@ def _imports(path: Path, module: str, module_level_only: bool) -> tuple[str, ...
             out.add(base)
             out |= {f"{base}.{a.name}" for a in node.names if module_file(f"{base}.{a.name}", root)}
     return tuple(sorted(m for m in out if module_file(m, root)))
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` / ``if typing.TYPE_CHECKING:``: a block that never runs."""
+    t = node.test if isinstance(node, ast.If) else None
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _walk(body: list[ast.stmt], skip: tuple) -> list[ast.AST]:
+    """Every node under ``body``, but not inside a ``skip`` node nor in an ``if TYPE_CHECKING:`` block (its
+    ``else`` is walked): imports for annotations only never run, so they are no dependency."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if skip and isinstance(node, skip):
+            continue
+        out.append(node)
+        if _is_type_checking(node):
+            todo += node.orelse
+            continue
+        todo += list(ast.iter_child_nodes(node))
+    return out
 
 
 def _with_parents(module: str) -> list[str]:

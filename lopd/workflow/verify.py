@@ -8,7 +8,7 @@ records for it.
    workspace is read after the copy or written at all: not its outputs, not its ``dvc.lock``, not
    its MLflow store.
 2. ``dvc repro <stages>`` there runs those stages and the upstream stages they need (their outputs
-   are absent), each pinned to the same CPU kernels as every stage (:mod:`lopd.kernels`).
+   are absent), each pinned to the same CPU kernels as every stage (:mod:`lopd.compat.kernels`).
 3. For each output of each stage DVC ran, the hash the scratch ``dvc.lock`` now records is compared
    with the committed one: ``identical`` or ``DIFFERENT`` (a directory output is one hash of its
    file listing, so one differing file makes it differ).

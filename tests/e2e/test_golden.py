@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lopd.kernels import can_pin
+from lopd.compat.kernels import can_pin
 from tests.conftest import REPO
 
 GOLDEN_DIR = REPO / "tests" / "golden"

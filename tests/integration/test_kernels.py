@@ -1,4 +1,4 @@
-"""Pinned CPU kernels (lopd.kernels): a parent environment cannot change what a stage computes.
+"""Pinned CPU kernels (lopd.compat.kernels): a parent environment cannot change what a stage computes.
 
 Without the pin, ATen picks its kernels by the CPU (AVX-512, AVX2, the scalar default), the
 kernels sum in different orders, and a base pretraining amplifies one bit into another model.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lopd.kernels import PINNED_ENV, can_pin, pin_kernels
+from lopd.compat.kernels import PINNED_ENV, can_pin, pin_kernels
 from tests.conftest import BIN, run_cmd, tiny_params_dict
 
 pytestmark = pytest.mark.skipif(not can_pin(), reason="the AVX2 pin needs an x86-64 CPU with AVX2")
@@ -56,7 +56,7 @@ def test_base_pretraining_is_the_same_bytes_whatever_the_parent_environment_asks
 
 
 def test_pin_overrides_the_parent_and_stands_aside_without_avx2(monkeypatch, capsys):
-    import lopd.kernels as k
+    import lopd.compat.kernels as k
 
     env = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO"}
     assert pin_kernels(env) and all(env[key] == v for key, v in PINNED_ENV.items())

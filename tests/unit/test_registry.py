@@ -99,3 +99,19 @@ def test_scalars_that_need_quotes_are_quoted():
     for s in ("${train.seeds}", "models/draws/bank-${item.seed}", "a: b", "plain/path.py", "true"):
         assert yaml.safe_load(textwrap.dedent(f"x: [{dvcgen._scalar(s, True)}]"))["x"] == [s]
         assert yaml.safe_load(f"x: {dvcgen._scalar(s, False)}")["x"] == s
+
+
+def test_imports_for_annotations_only_are_no_dependency(tmp_path, monkeypatch):
+    pkg = tmp_path / "lopd"
+    (pkg / "stages").mkdir(parents=True)
+    files = {"__init__.py": "", "cli.py": "", "dispatch.py": "", "warm.py": "", "stages/__init__.py": "",
+             "stages/other.py": "", "heavy.py": "", "light.py": "",
+             "stages/toy.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lopd import heavy\n"
+                              "else:\n    from lopd import light\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    monkeypatch.setattr(codegraph, "package_root", lambda: tmp_path)
+    codegraph._imports.cache_clear()
+    deps = codegraph.code_deps(["lopd.stages.toy"])
+    codegraph._imports.cache_clear()
+    assert "lopd/light.py" in deps and "lopd/heavy.py" not in deps
