@@ -13,14 +13,10 @@ Retrieval follows the arm's bank mode (relevant / shuffled / unrelated) and is c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from lopd.envs.base import Task
-
-if TYPE_CHECKING:
-    from lopd.training.trainer import Resources
 
 
 @dataclass
@@ -37,7 +33,7 @@ class TeacherContext:
 class ContextBuilder:
     """Builds :class:`TeacherContext` for a batch of tasks under one arm's switches."""
 
-    def __init__(self, res: Resources, arm, hp, seed: int, composer=None):
+    def __init__(self, res, arm, hp, seed: int, composer=None):  # res: trainer.Resources (it imports this module)
         self.res, self.arm, self.hp, self.seed = res, arm, hp, seed
         self.bb = res.bb
         self.composer = composer
