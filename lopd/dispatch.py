@@ -18,13 +18,13 @@ import warnings
 from typing import TYPE_CHECKING
 
 from lopd.arms import get_arm
+from lopd.compat.kernels import kernel_record
 from lopd.config import load_params, record_reads, recorded_reads, unrecorded
 from lopd.errors import BadInput, RunFailed
-from lopd.compat.kernels import kernel_record
-from lopd.workflow.lockguard import snapshot_for_stage
 from lopd.paths import Paths
 from lopd.stages.registry import COMMANDS, command
 from lopd.utils import atomic_write_text, write_json
+from lopd.workflow.lockguard import snapshot_for_stage
 
 if TYPE_CHECKING:
     from lopd.config import Params
