@@ -22,6 +22,8 @@ copy "$WORK/serial"
 t0=$(date +%s.%N)
 (cd "$WORK/serial" && dvc repro > repro.log 2>&1) || { tail -30 "$WORK/serial/repro.log"; exit 1; }
 t1=$(date +%s.%N)
+echo "makespan estimate from the serial run's stage times (bench/makespan.py):"
+"$BIN/python" "$REPO/bench/makespan.py" "$WORK/serial" --workers 1 "$SLOTS" --top 6
 copy "$WORK/launch"
 t2=$(date +%s.%N)
 (cd "$WORK/launch" && "$BIN/python" -m lopd.launch.main --num-cpus "$SLOTS" --num-gpus 0 --log-dir "$WORK/logs" > launch.log 2>&1) \
