@@ -42,7 +42,7 @@ def module_file(module: str, root: Path) -> Path | None:
     return None
 
 
-def _resolve(module: str, level: int, name: str | None, importer: str, is_pkg: bool) -> str:
+def _resolve(level: int, name: str | None, importer: str, is_pkg: bool) -> str:
     """The absolute module of a (possibly relative) ``from ... import`` / ``import``."""
     if level == 0:
         return name or ""
@@ -59,15 +59,15 @@ def _imports(path: Path, module: str, module_level_only: bool) -> tuple[str, ...
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     root = package_root()
-    # module-level only: under `if`/`try` at the top, not inside a def or class
-    skip = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef) if module_level_only else ()
+    # module-level only: what runs at import (under `if`/`try`, in a class body), not inside a function
+    skip = (ast.FunctionDef, ast.AsyncFunctionDef) if module_level_only else ()
     nodes = list(_walk(tree.body, skip))
     out: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] == PACKAGE}
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, node.level, node.module, module, is_pkg)
+            base = _resolve(node.level, node.module, module, is_pkg)
             if base.split(".")[0] != PACKAGE:
                 continue
             out.add(base)
