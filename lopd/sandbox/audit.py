@@ -154,7 +154,8 @@ def make_path_checks(tmp: str, read_roots: tuple, refuse):
     def check_list(event, args):
         """A directory listing is a read: inside the temp dir or the read roots only (names in a split's
         directory, or anywhere else, are not the program's to see)."""
-        real = resolve(event, args[0] if args else ".")
+        p = args[0] if args else None
+        real = resolve(event, "." if p is None else p)  # no argument: the working directory, the temp dir
         if real is None or under(real, (tmp,)):
             return  # a descriptor: opening it went through check_open
         if any(d in real.split("/") for d in hidden_dirs) or not under(real, read_roots):

@@ -569,9 +569,10 @@ def test_reads_sockets_nodes_and_tracing_refused(tmp_path, case):
 def test_a_listing_inside_the_sandbox_and_the_stdlib_is_allowed():
     """The listing rule reads like the open rule: the temp dir and the standard library stay listable."""
     code = ("import os\ndef f(x):\n    open('a.txt', 'w').write('1')\n"
-            "    return [len(os.listdir('.')) >= 1, len(os.listdir(os.path.dirname(os.__file__))) > 10]")
+            "    return [len(os.listdir('.')) >= 1, len(os.listdir()) >= 1, len(list(os.scandir())) >= 1,\n"
+            "            len(os.listdir(os.path.dirname(os.__file__))) > 10]")
     r = run_calls(code, "f", [[1]], timeout_s=2.0)
-    assert r.status == "ok" and r.outputs == [[True, True]], r
+    assert r.status == "ok" and r.outputs == [[True, True, True, True]], r
 
 
 def test_a_program_that_lists_outside_scores_zero(task, tmp_path):
