@@ -135,24 +135,21 @@ def _dispatch(args, start_recording=lambda: None) -> int:
     not among any stage's deps)."""
     if args.cmd != "validate" and not runs_stage(args.cmd):
         return importlib.import_module(TOOLS_MODULE).run(args)
-    paths = Paths.for_params(args.params)
     if args.cmd == "validate":
         load_params(args.params, args.profile)
         print("params OK")
         return 0
-    cmd = command(args.cmd)
-    kwargs = {a.dest: getattr(args, a.dest) for a in cmd.args}
-    if cmd.loads_params:
-        params = load_params(args.params, args.profile)
-        start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
+    paths, cmd = Paths.for_params(args.params), command(args.cmd)
+    # a command that hashes params raw (lopd fingerprint) reads none through the config
+    params = load_params(args.params, args.profile) if cmd.loads_params else None
+    start_recording()  # after validation: the schema's cross-section checks are not a stage's reads
+    if params is not None:
         _check_arm_and_seed(params, args)
-        call = (importlib.import_module(cmd.module).run, params, paths)
-    else:  # it hashes params raw (lopd fingerprint): nothing read through the config
-        start_recording()
-        call = (importlib.import_module(cmd.module).run, paths)
+    inputs = (paths,) if params is None else (params, paths)
+    run = importlib.import_module(cmd.module).run
     snapshot_for_stage()  # under DVC: keep the dvc.lock DVC finished writing before this stage (lopd/workflow/lockguard.py)
     with _timed(paths, args.cmd):
-        call[0](*call[1:], **kwargs)
+        run(*inputs, **{a.dest: getattr(args, a.dest) for a in cmd.args})
     return 0
 
 

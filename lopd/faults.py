@@ -83,6 +83,12 @@ def kill_group(where: str) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def hit(point: str) -> int:
+    """Count one more hit of ``point`` in this process; the count so far."""
+    _hits[point] = _hits.get(point, 0) + 1
+    return _hits[point]
+
+
 def kill_point(point: str, stage: str | None = None, detail: str = "") -> None:
     """Die here if ``LOPD_KILL_AT`` names this point of this stage (default: ``$DVC_STAGE``) and this
     is its ``n``-th hit in this process. ``detail`` (e.g. an MLflow run id) goes into the log line."""
@@ -91,6 +97,5 @@ def kill_point(point: str, stage: str | None = None, detail: str = "") -> None:
     s, stage = spec(), stage or os.environ.get("DVC_STAGE")
     if not s.matches(stage, point):
         return
-    _hits[point] = _hits.get(point, 0) + 1
-    if _hits[point] == s.nth:
+    if hit(point) == s.nth:
         kill_group(f"{stage}:{point}:{s.nth}" + (f" {detail}" if detail else ""))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lopd.compat.dvc import lock_schema_problem, wrap_lock_writes
-from lopd.faults import kill_group, spec
+from lopd.faults import hit, kill_group, spec
 from lopd.utils import atomic_write_bytes
 
 LOCK_NAME = "dvc.lock"
@@ -369,8 +369,6 @@ def arm_lock_kill() -> None:
     ``n``-th rewrite of ``dvc.lock`` that records that stage writes half of the new lock, fsyncs it,
     and kills the group: the torn lock a kill inside DVC's own write leaves (DVC writes the lock in
     place), every time."""
-    from lopd import faults
-
     s = spec()
     if s is None or s.point != "lock":
         return
@@ -378,9 +376,7 @@ def arm_lock_kill() -> None:
 
     def on_stages(addresses: list[str]) -> None:
         names = [a for a in addresses if s.matches(a, "lock")]
-        if names:
-            faults._hits["lock"] = faults._hits.get("lock", 0) + 1
-        armed[:] = names if names and faults._hits["lock"] == s.nth else []
+        armed[:] = names if names and hit("lock") == s.nth else []
 
     def on_dump(text: str, stream) -> bool:
         if not armed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import yaml
 
 from lopd.dispatch import STAGE_COMMANDS, parser
@@ -41,13 +42,28 @@ def test_every_stage_module_is_a_command_and_every_command_is_parsed():
     assert stage_files == {c.module.rsplit(".", 1)[1] for c in registry.COMMANDS}
 
 
+def _toy_package(root, monkeypatch, files: dict[str, str]):
+    """A toy ``lopd`` package of ``files`` under ``root``, which the code graph then reads (its import cache
+    cleared now; the autouse fixture below clears it after the test)."""
+    pkg = root / "lopd"
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    monkeypatch.setattr(codegraph, "package_root", lambda: root)
+    codegraph._imports.cache_clear()
+    return pkg
+
+
+@pytest.fixture(autouse=True)
+def _fresh_import_cache():
+    yield
+    codegraph._imports.cache_clear()  # a toy package's imports must not outlive its test
+
+
 def test_code_deps_follow_imports_and_a_new_import_reaches_the_stage(tmp_path, monkeypatch):
     """A toy package: the stage module imports ``a`` inside a function, ``a`` imports ``b`` at module
     level; the runner's function-level imports (the tools) are not followed. Add an import to ``b`` and
     the stage's deps grow with no hand edit."""
-    pkg = tmp_path / "lopd"
-    (pkg / "stages").mkdir(parents=True)
-    (pkg / "lib").mkdir()
     files = {
         "__init__.py": "", "cli.py": "from lopd import dispatch\n",
         "dispatch.py": "import os\nfrom lopd.stages import registry\n\ndef tool():\n    from lopd import tools\n",
@@ -55,10 +71,7 @@ def test_code_deps_follow_imports_and_a_new_import_reaches_the_stage(tmp_path, m
         "stages/toy.py": "def run(params, paths):\n    from lopd.lib import a\n", "stages/other.py": "",
         "lib/__init__.py": "", "lib/a.py": "from . import b\n", "lib/b.py": "", "lib/c.py": "",
     }
-    for name, text in files.items():
-        (pkg / name).write_text(text)
-    monkeypatch.setattr(codegraph, "package_root", lambda: tmp_path)
-    codegraph._imports.cache_clear()
+    pkg = _toy_package(tmp_path, monkeypatch, files)
     deps = codegraph.code_deps(["lopd.stages.toy"])
     assert "lopd/tools.py" not in deps  # only the runner's module-level imports are followed
     assert {"lopd/lib/a.py", "lopd/lib/b.py", "lopd/lib/__init__.py", "lopd/stages/toy.py"} <= set(deps)
@@ -66,7 +79,6 @@ def test_code_deps_follow_imports_and_a_new_import_reaches_the_stage(tmp_path, m
     (pkg / "lib" / "b.py").write_text("from lopd.lib.c import x\n")  # a new import
     codegraph._imports.cache_clear()
     assert "lopd/lib" in codegraph.code_deps(["lopd.stages.toy"])  # every file of lopd/lib: its directory
-    codegraph._imports.cache_clear()
 
 
 def test_a_toy_stage_touches_the_registry_and_its_module_only(monkeypatch):
@@ -102,16 +114,10 @@ def test_scalars_that_need_quotes_are_quoted():
 
 
 def test_imports_for_annotations_only_are_no_dependency(tmp_path, monkeypatch):
-    pkg = tmp_path / "lopd"
-    (pkg / "stages").mkdir(parents=True)
     files = {"__init__.py": "", "cli.py": "", "dispatch.py": "", "warm.py": "", "stages/__init__.py": "",
              "stages/other.py": "", "heavy.py": "", "light.py": "",
              "stages/toy.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lopd import heavy\n"
                               "else:\n    from lopd import light\n"}
-    for name, text in files.items():
-        (pkg / name).write_text(text)
-    monkeypatch.setattr(codegraph, "package_root", lambda: tmp_path)
-    codegraph._imports.cache_clear()
+    _toy_package(tmp_path, monkeypatch, files)
     deps = codegraph.code_deps(["lopd.stages.toy"])
-    codegraph._imports.cache_clear()
     assert "lopd/light.py" in deps and "lopd/heavy.py" not in deps
