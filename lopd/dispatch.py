@@ -60,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("launch", help="run the out-of-date stages on a Ray cluster, then fan in (lopd launch --help)")
     r = sub.add_parser("repro", help="dvc repro, after checking dvc.lock (a torn lock is restored from the last "
                                      "complete snapshot) and clearing stale DVC locks")
+    r.add_argument("--by-hash", action="store_true", help="let DVC hash every dependency and output even when "
+                                                         "the workspace matches the last whole repro's stamp")
     r.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to dvc repro")
     v = sub.add_parser("verify", help="rerun stages in a scratch copy and print, per output, whether it is "
                                       "identical to the committed dvc.lock (the workspace is not touched)")
@@ -103,6 +105,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args, extra = p.parse_known_args(argv)
     if args.cmd == "exp":
         args.dvc_args = extra
+    elif args.cmd == "repro":  # DVC's options before any target (``-f``, ``-s``) are not lopd's
+        args.dvc_args = extra + args.dvc_args
     elif extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     return args

@@ -59,17 +59,40 @@ def _apply_profile(args) -> int:
 
 def _repro(args) -> int:
     """``lopd repro``: the guarded ``dvc repro``; after a whole repro (no stage named) that succeeded,
-    the experiment's MLflow parent is closed with the report even if DVC skipped the report stage."""
+    the experiment's MLflow parent is closed with the report even if DVC skipped the report stage.
+
+    A whole repro (no argument for DVC) whose workspace still matches the stamp the last whole repro
+    left (:mod:`lopd.workflow.stamp`) runs neither DVC nor MLflow: nothing either would read has
+    changed. ``--by-hash`` skips that check."""
+    from pathlib import Path
+
     from lopd.config import load_params
     from lopd.paths import Paths
-    from lopd.workflow.lockguard import guarded_repro
+    from lopd.workflow import stamp
+    from lopd.workflow.lockguard import Busy, dvc_locks_held, find_root, guarded_repro
 
+    whole = not args.dvc_args
+    root = find_root(Path.cwd())
+    if whole and root is not None and not args.by_hash and (last := stamp.unchanged(root)) is not None:
+        try:
+            with dvc_locks_held(root):
+                pass
+        except Busy:
+            last = None  # DVC runs here: the guarded path says so
+        if last is not None:
+            print(f"Data and pipelines are up to date (lopd: nothing DVC reads has changed since the whole "
+                  f"repro of {last['written']}; `lopd repro --by-hash` has DVC check every hash).")
+            if last.get("store") is not None:
+                return 0
     rc = guarded_repro(args.dvc_args)
     if rc != 0 or any(not a.startswith("-") for a in args.dvc_args):
         return rc
     from lopd.tracking import close_experiment
 
-    state = close_experiment(load_params(args.params, args.profile), Paths.for_params(args.params).root)
+    params = load_params(args.params, args.profile)
+    state = close_experiment(params, Paths.for_params(args.params).root)
     if state not in ("already finished", "no report"):  # the report stage closed it, or there is none
         print(f"lopd repro: MLflow experiment parent: {state} (DVC skipped the report stage)")
+    if whole and root is not None and (state in ("ok", "already finished", "no report")):
+        stamp.write(root, params.tracking.uri)
     return rc

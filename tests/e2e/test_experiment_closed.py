@@ -65,3 +65,31 @@ def test_a_repro_that_skips_the_report_stage_still_closes_the_parent(smoke_recor
     assert parent.info.status == "FINISHED"
     names = {a.path for a in client.list_artifacts(parent.info.run_id, "reports")}
     assert "reports/falsification.md" in names, names
+
+
+def test_a_no_op_repro_is_answered_by_the_stamp_until_something_changes(smoke_recorded, tmp_path):
+    """After a whole ``lopd repro`` the next one runs neither DVC nor MLflow while nothing DVC reads
+    has changed (:mod:`lopd.workflow.stamp`); a touched dependency, a removed store or ``--by-hash``
+    each send it back to DVC's hashes, and that repro stamps again."""
+    repo = shutil.copytree(smoke_recorded.repo, tmp_path / "repo", symlinks=True)
+    lopd = str(BIN / "lopd")
+    said = "nothing DVC reads has changed"
+    first = run_cmd([lopd, "repro"], repo, 600)
+    assert first.returncode == 0 and said not in first.stdout, first.stdout[-2000:] + first.stderr[-2000:]
+    assert (repo / ".lopd" / "repro.stamp.json").is_file()
+    again = run_cmd([lopd, "repro"], repo, 120)
+    assert again.returncode == 0 and said in again.stdout, again.stdout + again.stderr
+    assert "Running stage" not in again.stdout
+    by_hash = run_cmd([lopd, "repro", "--by-hash"], repo, 600)
+    assert by_hash.returncode == 0 and said not in by_hash.stdout, by_hash.stdout[-2000:]
+    assert "Running stage" not in by_hash.stdout
+    (repo / "params.yaml").touch()  # same bytes, a new mtime: DVC hashes it and finds it unchanged
+    touched = run_cmd([lopd, "repro"], repo, 600)
+    assert touched.returncode == 0 and said not in touched.stdout, touched.stdout[-2000:]
+    assert "Running stage" not in touched.stdout
+    assert said in run_cmd([lopd, "repro"], repo, 120).stdout  # stamped again
+    (repo / "mlflow.db").unlink()  # the parent's store gone: the stamp cannot vouch for it
+    shutil.rmtree(repo / "mlartifacts", ignore_errors=True)
+    gone = run_cmd([lopd, "repro"], repo, 600)
+    assert gone.returncode == 0 and said not in gone.stdout, gone.stdout[-2000:]
+    assert "MLflow experiment parent: ok (DVC skipped the report stage)" in gone.stdout, gone.stdout
