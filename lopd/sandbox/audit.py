@@ -228,11 +228,17 @@ def make_guard(tmp: str, read_roots: tuple):
     return hook, refusals
 
 
-def read_roots(tmp: str) -> tuple:
-    """Where reads are allowed: the temp dir, a few device/zone files, the standard library."""
-    roots = {tmp, "/dev/null", "/dev/urandom", "/dev/zero", "/etc/localtime", "/usr/share/zoneinfo"}
+def std_roots() -> frozenset:
+    """The read roots every program shares: a few device/zone files and the standard library (the
+    interpreter's ``sys.path``, resolved). The fork server computes them once, before it forks."""
+    roots = {"/dev/null", "/dev/urandom", "/dev/zero", "/etc/localtime", "/usr/share/zoneinfo"}
     roots.update(os.path.realpath(p) for p in list(sys.path) + [os.path.dirname(os.__file__)] if p)
-    return tuple(sorted(roots))
+    return frozenset(roots)
+
+
+def read_roots(tmp: str, shared: frozenset | None = None) -> tuple:
+    """Where reads are allowed: the temp dir and :func:`std_roots` (``shared``, when already computed)."""
+    return tuple(sorted((std_roots() if shared is None else shared) | {tmp}))
 
 
 def disarm() -> None:

@@ -3,9 +3,10 @@
 The parent (:mod:`lopd.sandbox.server`) writes this file and :mod:`lopd.sandbox.plain` (the
 codec it shares with the parent), with their bytecode, into a temp dir and starts ``python -I
 -S -B child.pyc --server <fd>`` there once per parent process: the **fork server**
-(:func:`server`). It imports everything a child needs, then waits on the socket ``fd``; for
-each program the parent sends the program's temp dir and limits together with the three pipe
-ends that become the program's stdin, stdout and stderr. The server forks; the fork confines
+(:func:`server`). It imports everything a child needs and builds what every program shares
+(:func:`prepare`), then waits on the socket ``fd``; for each program the parent sends the
+program's temp dir and limits together with the three pipe ends that become the program's
+stdin, stdout and stderr. The server forks; the fork confines
 itself (:func:`start_child`, then :func:`confine`) and runs :func:`run`. The server never
 reads a payload or runs user code, so every program starts from the same pristine process.
 Standard library only; nothing runs at import.
@@ -33,11 +34,11 @@ import resource  # imported here, not in confine: confine also runs after a fork
 import sys
 
 if __package__:  # imported inside lopd
-    from lopd.sandbox.audit import disarm, make_guard, read_roots
+    from lopd.sandbox.audit import disarm, make_guard, read_roots, std_roots
     from lopd.sandbox.plain import make_codec, type_name
 else:  # run as the child program, next to copies of plain.py and audit.py (``-I`` leaves its dir off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from audit import disarm, make_guard, read_roots
+    from audit import disarm, make_guard, read_roots, std_roots
     from plain import make_codec, type_name
 
     del sys.path[0]
@@ -47,6 +48,9 @@ NOBODY = 65534
 CLONE_NEWNET = 0x40000000
 FSIZE_BYTES = 1 << 20
 NOFILE = 32
+# what every program would otherwise build after its fork: (the plain-data codec, the shared read roots);
+# set by the fork server before it forks (:func:`prepare`), None where run() is reached otherwise
+_PREPARED: tuple | None = None
 
 
 def bind_unshare():
@@ -169,11 +173,11 @@ def run(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare) -> None:
 
     confine(cpu_s, mem_bytes, netns, drop, unshare)
     tmp = os.path.realpath(os.getcwd())
-    dumps, loads = make_codec()
+    (dumps, loads), shared_roots = _PREPARED or (make_codec(), None)
     with open("payload.json", "rb") as fh:
         payload = loads(fh.read().decode())  # the parent wrote it with the same codec (no json import)
     os.remove("payload.json")
-    hook, refusals = make_guard(tmp, read_roots(tmp))
+    hook, refusals = make_guard(tmp, read_roots(tmp, shared_roots))
     reply, next_request = make_channel(payload["marker"], dumps, refusals)
     code, fn_name, exit_, callable_ = payload["code"], payload["fn"], os._exit, callable
     sys.setrecursionlimit(payload["recursion_limit"])
@@ -197,6 +201,19 @@ def run(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare) -> None:
 
 
 # ------------------------------------------------------------------ the fork server
+def prepare() -> None:
+    """Once in the fork server, before any fork: what each program would otherwise redo after its fork.
+
+    - The compiler's first use in a process costs about 0.9 ms (its lazily built state), measured
+      per program at ``bench/scoring.py``; a warm-up compile here leaves the children only their own.
+    - The plain-data codec and the standard library's read roots (realpaths of ``sys.path``) are the
+      same for every program. Each child gets a copy of them with its fork, as it got the modules.
+    """
+    global _PREPARED
+    compile("def _warm(x):\n    return [x * 2 for _ in range(3)]\n", "<warm>", "exec")
+    _PREPARED = (make_codec(), std_roots())
+
+
 def start_child(fds, tmp: str, limits, unshare) -> None:
     """In a fresh fork of the server: own session and process group (the parent kills the
     group), default signal dispositions, ``fds`` as 0/1/2 and no other descriptor, cwd and
@@ -235,6 +252,7 @@ def server(ctl_fd: int) -> None:
     import stat  # noqa: F401
     import types  # noqa: F401
 
+    prepare()
     fs = _ForkServer(socket.socket(fileno=ctl_fd), bind_unshare())
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

