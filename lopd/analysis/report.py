@@ -19,6 +19,7 @@ raises :class:`BadInput`. No torch here.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,25 +115,48 @@ def _design_note(params: Params, rule: Rule, fal: dict) -> str:
             f"false-claim rate least favourable {pct(other['least_favourable'])}.")
 
 
-def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, extra, ceff=None) -> dict:
+@dataclass(frozen=True)
+class ReportParts:
+    """What the report computed, named: the inputs of ``summary.json`` (:func:`summary`)."""
+
+    main_table: dict  # tables.main_table
+    comparisons: dict  # tables.comparisons: lopd against each arm (exploratory)
+    falsification: dict  # falsification.analyse: the pilot's rule, tests and verdict
+    margin_contrasts: list  # falsification.margin_contrast_tests: report.margin_contrasts' pairs
+    rule_variance: dict  # variance.rule_variance: each rule test's per-seed sd and smallest detectable effect
+    pilot_design: dict  # variance.pilot_design: the design the pilot's variance implies
+    efficiency: dict  # dynamics.efficiency (the pilot's runs)
+    confirm_efficiency: dict | None  # confirm_efficiency on the confirmatory split; None: no registration
+    margin_dynamics: dict  # dynamics.margin_dynamics
+    leakage: dict  # audits.leakage
+    premise: dict  # the probe stage's premise gate
+    runs: dict  # arm -> seed -> run record
+    evals: dict  # arm -> seed -> evaluation record
+    missing: list  # optional inputs that were absent
+    extra: dict = field(default_factory=dict)  # further top-level entries, verbatim
+
+
+def summary(p: ReportParts) -> dict:
+    """``summary.json``: the headline numbers of every report file, as plain JSON."""
+    mt, fal, pw, eff, ceff = p.main_table, p.falsification, p.rule_variance, p.efficiency, p.confirm_efficiency
     return clean_json({
         "test_reward": {a: mt["cells"][a][MEAN_COL]["mean"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
         "test_ci_half": {a: mt["cells"][a][MEAN_COL]["ci_half"] for a in mt["arms"] if MEAN_COL in mt["cells"][a]},
-        "n_seeds_by_arm": {a: len(evals[a]) for a in mt["arms"]},
-        "premise": premise["status"],
+        "n_seeds_by_arm": {a: len(p.evals[a]) for a in mt["arms"]},
+        "premise": p.premise["status"],
         "falsification": {**fal["verdict"], "design_can_reject": fal["design"]["can_reject"],
                           "n_min": fal["design"]["n_min"],
                           "tests": {r["name"]: {k: r.get(k) for k in ("n", "diff", "t", "p", "lower", "p_exact",
                                                                        "reject", "robust")} for r in fal["tests"]},
                           "contrast_sd": {t["name"]: t.get("sd") for t in pw["tests"]},
                           "mdd": {t["name"]: t.get("mdd") for t in pw["tests"]},
-                          "pilot_design": pw.get("pilot"),
+                          "pilot_design": p.pilot_design,
                           "margin_contrasts": {f"{r['a']} - {r['b']}": {k: r.get(k) for k in ("n", "diff", "ci95", "p",
                                                                                               "p_exact", "not_run")}
-                                               for r in fal.get("margin_contrasts", [])}},
+                                               for r in p.margin_contrasts}},
         "lopd_vs": {r["arm"]: {"n": r["n"], "diff": r["diff"], "ci95": list(r["ci95"]), "p": r["p"],
                                "p_holm": r["p_holm"], "p_exact": r["p_exact"], "p_improve": r["p_improve"]}
-                    for r in cmp["rows"]},
+                    for r in p.comparisons["rows"]},
         "bold_columns": {t["col"]: t["best"] for t in mt["tests"] if t["bold"]},
         "efficiency_ratio": eff.get("ratio") if eff.get("x", 0) and eff.get("x", 0) > 0 else None,
         "efficiency_ci": list(eff.get("ci", (None, None))),
@@ -140,10 +164,10 @@ def _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing, ext
         "efficiency_confirm": ({k: ceff.get(k) for k in ("ratio", "ci", "ratio_with_bank", "ci_with_bank", "target",
                                                          "grpo_total", "x", "reached", "n_lopd", "n_grpo")}
                                if ceff and not ceff.get("missing") else None),
-        "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in runs.values() for r in a.values()),
-        "margin_flagged_runs": sum(1 for r in mdyn["rows"] if r["active"] and r["flags"]),
-        "leakage_clean": bool(lk["clean"]), "leakage_violations": len(lk["violations"]),
-        "missing_inputs": missing, **extra})
+        "infeasible_runs": sum(bool(r["result"].get("infeasible_margin")) for a in p.runs.values() for r in a.values()),
+        "margin_flagged_runs": sum(1 for r in p.margin_dynamics["rows"] if r["active"] and r["flags"]),
+        "leakage_clean": bool(p.leakage["clean"]), "leakage_violations": len(p.leakage["violations"]),
+        "missing_inputs": p.missing, **p.extra})
 
 
 def pilot_section(md: str) -> str:
@@ -181,12 +205,11 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
     tables.write_comparisons(out, params, cmp)
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()})
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
-    fal["margin_contrasts"] = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms},
-                                                    not_run)
+    margin_contrasts = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms}, not_run)
     conf = confirm_report.confirmation(rule, root, registration)
     head = confirm_report.render_confirmation(conf, confirm_report.spec_curve_png(out, conf))
     pilot = render(rule, fal, premise, _design_note(params, rule, fal), ci_scope(params.train.per_seed_draws),
-                   fal["margin_contrasts"])
+                   margin_contrasts)
     write_text(out / "falsification.md", "\n".join(head) + "\n" + pilot_section(pilot))
     metric_rows = tables.write_metrics(out, mt, fal, premise)
     search = hpo_report.load_search(root)
@@ -209,9 +232,9 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
     figures.sensitivity_png(out, plotdata.selected_point(root))
 
     pw = variance.rule_variance(fal, rp.alpha, rp.design.power)
-    pw["pilot"] = variance.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
-                                      rp.design.pilot_upper)
-    variance.write_seed_variance(out, variance.seed_variance(evals, table), pw, rp.alpha, rp.design.power, pw["pilot"])
+    pilot_design = variance.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
+                                         rp.design.pilot_upper)
+    variance.write_seed_variance(out, variance.seed_variance(evals, table), pw, rp.alpha, rp.design.power, pilot_design)
     lk = audits.leakage(root, runs, [rule.treatment, *rule.content_controls])
     audits.write_leakage(out, lk)
 
@@ -223,12 +246,14 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
         readme += [f"- {p}" for p in task_problems]
     readme += ["", "Plot data rows: " + ", ".join(f"{k} {v}" for k, v in plot_rows.items()) + "."]
     write_text(out / "README.md", "\n".join(readme))
-    summary = _summary(mt, cmp, fal, pw, eff, mdyn, lk, premise, runs, evals, missing,
-                       {"metrics_rows": metric_rows, "plot_rows": plot_rows,
-                        "confirmation": confirm_report.summary(conf)}, ceff)
+    extra = {"metrics_rows": metric_rows, "plot_rows": plot_rows, "confirmation": confirm_report.summary(conf)}
     if params.bank.scripted_demos:  # the default report is unchanged
         _mark_path_check(out)
-        summary["path_check"] = True
-    summary = json.loads(json.dumps(summary))
-    write_json(out / "summary.json", summary)
-    return summary
+        extra["path_check"] = True
+    parts = ReportParts(main_table=mt, comparisons=cmp, falsification=fal, margin_contrasts=margin_contrasts,
+                        rule_variance=pw, pilot_design=pilot_design, efficiency=eff, confirm_efficiency=ceff,
+                        margin_dynamics=mdyn, leakage=lk, premise=premise, runs=runs, evals=evals, missing=missing,
+                        extra=extra)
+    result = json.loads(json.dumps(summary(parts)))
+    write_json(out / "summary.json", result)
+    return result
