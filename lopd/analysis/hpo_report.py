@@ -20,6 +20,7 @@ import yaml
 from lopd.analysis.constraint import trial_margins
 from lopd.analysis.loading import num, read_csv_rows
 from lopd.analysis.render import fmt, md_table
+from lopd.analysis.search_record import Binding, Selection
 
 RULES = {"best": "the highest validation reward",
          "median_margin": "among the trials tied with the best, the median margin (the lower median of an even "
@@ -36,9 +37,10 @@ def load_search(root: Path) -> dict | None:
     arms = {}
     for d in sorted((root / "hpo" / "arms").glob("*/selection.json")):  # every other arm's own search
         a = d.parent
-        arms[a.name] = {"selection": json.loads(d.read_text()), "trials": read_csv_rows(a / "trials.csv"),
+        arms[a.name] = {"selection": Selection.from_json(json.loads(d.read_text())), "trials": read_csv_rows(a / "trials.csv"),
                         "confirm": read_csv_rows(a / "confirm.csv") if (a / "confirm.csv").exists() else None}
-    return {"selection": json.loads(sel_path.read_text()), "trials": read_csv_rows(root / "hpo" / "trials.csv"),
+    return {"selection": Selection.from_json(json.loads(sel_path.read_text())),
+            "trials": read_csv_rows(root / "hpo" / "trials.csv"),
             "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None,
             "margins": trial_margins(read_csv_rows(paths)) if paths.exists() else None,
             "baseline_runs": read_csv_rows(runs_path) if runs_path.exists() else None,
@@ -59,13 +61,13 @@ def _margin_section(search: dict) -> list[str]:
     if not margins:
         return md + ["MISSING: hpo/margin_paths.csv (a search run before it was recorded): the trials' margin "
                      "behaviour is unknown.", ""]
-    t = margins.get(str(sel["selected"]))
+    t = margins.get(str(sel.selected))
     if t is None:
-        md += [f"The selected trial {sel['selected']} has no recorded margin path.", ""]
+        md += [f"The selected trial {sel.selected} has no recorded margin path.", ""]
     else:
         quarter = sorted({int(round(q * (len(t["steps"]) - 1))) for q in (0, 0.25, 0.5, 0.75, 1.0)}) if t["steps"] else []
         path = ", ".join(f"step {int(t['steps'][i])}: {fmt(t['beta_path'][i], 2)}" for i in quarter)
-        md += [f"At the selected point (trial {sel['selected']}, m = {fmt(t['m'], 3)}) the constraint's status is "
+        md += [f"At the selected point (trial {sel.selected}, m = {fmt(t['m'], 3)}) the constraint's status is "
                f"**{_status_cell(t)}** (one per seed's run, over the last quarter of its steps). Δ(φ) reached at "
                f"most {fmt(t['max_delta'], 4)}; β (mean over seeds) went {path}, a fitted rise of "
                f"{fmt(t['beta_per_step'], 3)} per step.", ""]
@@ -88,19 +90,19 @@ def _margin_section(search: dict) -> list[str]:
     elif reached is not None:
         md += [f"**No trial's margin binds.** The largest Δ(φ) any run reached is {fmt(reached[0], 4)} (trial "
                f"{reached[1]}); the smallest positive m tried is {fmt(min(positive), 3) if positive else '—'}."]
-    return md + ["", *_binding_lines(sel.get("binding")), ""]
+    return md + ["", *_binding_lines(sel.binding_point), ""]
 
 
-def _binding_lines(b: dict | None) -> list[str]:
+def _binding_lines(b: Binding | None) -> list[str]:
     """Where the lopd_binding arm trains (the best completed trial whose margin binds), or why it does not."""
     if b is None:
         return ["lopd_binding's point: not recorded (a search written before the arm existed)."]
-    if b.get("trial") is None:
-        return [f"**lopd_binding is not run: {b['reason']}.**"]
-    p = b["point"]
-    return [f"lopd_binding (the paper's mechanism) trains at trial {b['trial']}, the best completed trial whose "
-            f"margin binds ({', '.join(b['statuses'])}): m = {p.get('margin')}, K = {p.get('K')}, n_ret = "
-            f"{p.get('n_ret')}, lr = {p.get('lr_student')}, val reward {fmt(b['value'], 4)}."]
+    if b.trial is None:
+        return [f"**lopd_binding is not run: {b.reason}.**"]
+    p = b.point or {}
+    return [f"lopd_binding (the paper's mechanism) trains at trial {b.trial}, the best completed trial whose "
+            f"margin binds ({', '.join(b.statuses)}): m = {p.get('margin')}, K = {p.get('K')}, n_ret = "
+            f"{p.get('n_ret')}, lr = {p.get('lr_student')}, val reward {fmt(b.value, 4)}."]
 
 
 def search_metrics(search: dict | None) -> dict:
@@ -108,34 +110,34 @@ def search_metrics(search: dict | None) -> dict:
     if search is None:
         return {}
     sel = search["selection"]
-    return {**{k: v for k, v in sel["point"].items()}, "val_reward": sel["value"], "tie_count": sel["tie_count"],
-            "tie_unit": sel.get("unit", "task"),
-            "distinguishable_from_runner_up": sel["distinguishable"], "selected_by_tie_rule": sel["by_rule"],
-            "on_boundary": sorted(k for k, v in sel["boundary"].items() if v)}
+    return {**{k: v for k, v in sel.point.items()}, "val_reward": sel.value, "tie_count": sel.tie_count,
+            "tie_unit": sel.unit,
+            "distinguishable_from_runner_up": sel.distinguishable, "selected_by_tie_rule": sel.by_rule,
+            "on_boundary": sorted(k for k, v in sel.boundary.items() if v)}
 
 
-def _verdict(sel: dict) -> list[str]:
-    ru = sel["runner_up"]
-    level = f"{100 * (1 - sel['alpha']):.0f}%"
+def _verdict(sel: Selection) -> list[str]:
+    ru = sel.runner_up
+    level = f"{100 * (1 - sel.alpha):.0f}%"
     if ru is None:
         return ["Only one trial completed: nothing to compare it with."]
-    unit = (f"paired by seed over {len(sel['seeds'])} seeds" if sel.get("unit") == "seed" else "paired over val tasks")
+    unit = (f"paired by seed over {len(sel.seeds)} seeds" if sel.unit == "seed" else "paired over val tasks")
     gap = (f"best − runner-up (trial {ru['number']}) = {fmt(ru['diff'], 4)}, {unit}, {level} CI "
            f"[{fmt(ru['low'], 4)}, {fmt(ru['high'], 4)}], p = {fmt(ru['p'], 3)}.")
-    if sel["distinguishable"]:
+    if sel.distinguishable:
         head = "**The best trial is distinguishable from the runner-up**: " + gap
     else:
-        head = (f"**The best trial is not distinguishable from the runner-up**: {gap} {sel['tie_count']} trial(s) are "
+        head = (f"**The best trial is not distinguishable from the runner-up**: {gap} {sel.tie_count} trial(s) are "
                 f"statistically tied with the best, and the registered tie rule chose among them.")
-    how = (f"Selected: trial {sel['selected']} "
-           + ("(the best trial itself)." if not sel["by_rule"] else f"(by the tie rule; the best was trial {sel['best']})."))
+    how = (f"Selected: trial {sel.selected} "
+           + ("(the best trial itself)." if not sel.by_rule else f"(by the tie rule; the best was trial {sel.best})."))
     return [head, "", how, "", *_boundary_lines(sel)]
 
 
-def _boundary_lines(sel: dict) -> list[str]:
+def _boundary_lines(sel: Selection) -> list[str]:
     """Where the selected point sits in its (extended) space, and what the registered boundary rule did."""
-    edge = [f"{k} = {sel['point'][k]} is the {v}est choice" for k, v in sel["boundary"].items() if v]
-    rule = sel.get("boundary_rule")
+    edge = [f"{k} = {sel.point[k]} is the {v}est choice" for k, v in sel.boundary.items() if v]
+    rule = sel.boundary_rule
     if rule is None:
         return [("**On the boundary of the search space:** " + "; ".join(edge) + ": the optimum may lie outside it."
                  if edge else "The selected point is inside the search space on every coordinate.")]
@@ -156,23 +158,23 @@ def _boundary_lines(sel: dict) -> list[str]:
     return md
 
 
-def _trials_table(search: dict, sel: dict, axes: list[str], margins: dict | None) -> str:
+def _trials_table(search: dict, sel: Selection, axes: list[str], margins: dict | None) -> str:
     """Every finished trial: its val reward with its CI, Δ vs the best paired over tasks, whether it ties by seed
     with the best, its point and (an arm with a margin) its constraint status, max Δ(φ) and final β."""
     rows = []
-    task_sel = sel.get("search", sel)  # the task-paired comparison of every trial on the search's seeds
+    task_sel = (sel.search or sel)  # the task-paired comparison of every trial on the search's seeds
     for t in search["trials"]:
         n = str(t.get("number"))
-        vs = task_sel["vs_best"].get(n)
+        vs = task_sel.vs_best.get(n)
         lo, hi = num(t.get("ci_low")), num(t.get("ci_high"))
         m = [] if margins is None else [_status_cell(margins.get(n)), fmt((margins.get(n) or {}).get("max_delta"), 4),
                                         fmt((margins.get(n) or {}).get("beta_final"), 2)]
         rows.append([n, t.get("state", ""), fmt(num(t.get("value")), 4),
                      f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if lo is not None and hi is not None else "—",
-                     "best" if n == str(task_sel["best"]) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
+                     "best" if n == str(task_sel.best) else (f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]"
                                                             if vs else "—"),
                      "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
-                     *(str(t.get(k, "")) for k in axes), *m, "**selected**" if n == str(sel["selected"]) else ""])
+                     *(str(t.get(k, "")) for k in axes), *m, "**selected**" if n == str(sel.selected) else ""])
     names = {"margin": "m", "lr_student": "lr", "group_size": "group size"}
     return md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", *(names.get(a, a) for a in axes),
                      *([] if margins is None else ["constraint (per seed)", "max Δ(φ)", "β end"]), ""], rows)
@@ -183,13 +185,13 @@ def _arm_sections(search: dict) -> list[str]:
     md = []
     for arm, s in (search.get("arms") or {}).items():
         sel = s["selection"]
-        axes = list(sel.get("space") or sel["point"])
+        axes = list(sel.space or sel.point)
         md += [f"## {arm}'s own search ({', '.join(axes)})", "",
                f"{len(s['trials'])} trials on val; {arm} has no privilege margin, so its trials have no constraint "
                "status." if "margin" not in axes else f"{len(s['trials'])} trials on val.", "", *_verdict(sel), ""]
         md += _confirm_section(sel, "###")
         md += ["### Trials", "", _trials_table(s, sel, axes, None), ""]
-        if sel.get("unit") == "seed":
+        if sel.unit == "seed":
             md += ["Val reward, CI and Δ vs best: on the search's own seeds, paired over val tasks; *tied*: by seed "
                    "with the best confirmed trial.", ""]
     return md
@@ -230,22 +232,22 @@ def _knob_sections(search: dict) -> list[str]:
     return md
 
 
-def _confirm_section(sel: dict, heading: str = "##") -> list[str]:
+def _confirm_section(sel: Selection, heading: str = "##") -> list[str]:
     """The confirmed trials: each one's mean over every seed, its per-seed values and its difference to the best
     by seed (the test the selection ties by)."""
-    if sel.get("unit") != "seed":
+    if sel.unit != "seed":
         return []
-    level = f"{100 * (1 - sel['alpha']):.0f}%"
+    level = f"{100 * (1 - sel.alpha):.0f}%"
     rows = []
-    for n in sel["confirmed"]:
-        k, vs = str(n), sel["vs_best"].get(str(n))
-        p = sel["per_seed"][k]
+    for n in sel.confirmed:
+        k, vs = str(n), sel.vs_best.get(str(n))
+        p = sel.per_seed[k]
         rows.append([k, fmt(sum(p) / len(p), 4),
                      ", ".join(fmt(v, 3) for v in p),
-                     "best" if n == sel["best"] else f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]",
-                     "yes" if n in sel["tied"] else "no", "**selected**" if n == sel["selected"] else ""])
+                     "best" if n == sel.best else f"{fmt(vs['diff'], 4)} [{fmt(vs['low'], 3)}, {fmt(vs['high'], 3)}]",
+                     "yes" if n in sel.tied else "no", "**selected**" if n == sel.selected else ""])
     return [f"{heading} The best trials on more seeds (ties by seed)", "",
-            md_table(["trial", f"mean over {len(sel['seeds'])} seeds", f"per seed ({', '.join(map(str, sel['seeds']))})",
+            md_table(["trial", f"mean over {len(sel.seeds)} seeds", f"per seed ({', '.join(map(str, sel.seeds))})",
                       f"Δ vs best by seed [{level} CI]", "tied", ""], rows), ""]
 
 
@@ -254,20 +256,20 @@ def render_search(search: dict | None, runs: dict) -> str:
     if search is None:
         return "\n".join(md + ["MISSING: hpo/selection.json (run the hpo stage)."])
     sel = search["selection"]
-    md += [f"Tie rule (registered in params.yaml before the search ran, `hpo.tie_rule: {sel['rule']}`): "
-           f"{RULES.get(sel['rule'], sel['rule'])}. Two trials are *tied* when the paired difference of their per-task "
+    md += [f"Tie rule (registered in params.yaml before the search ran, `hpo.tie_rule: {sel.rule}`): "
+           f"{RULES.get(sel.rule, sel.rule)}. Two trials are *tied* when the paired difference of their per-task "
            f"validation rewards (common random numbers: the same tasks and sampling seeds in every trial) has a "
-           f"{100 * (1 - sel['alpha']):.0f}% t-interval holding 0.", ""]
-    if sel.get("unit") == "seed":
+           f"{100 * (1 - sel.alpha):.0f}% t-interval holding 0.", ""]
+    if sel.unit == "seed":
         md += [f"That task-paired test sees the tasks' noise on a mean over the search's few seeds, and a trial's "
-               f"seed moves its value more. So the search's {len(sel['confirmed'])} best trials were rerun on more "
+               f"seed moves its value more. So the search's {len(sel.confirmed)} best trials were rerun on more "
                f"seeds, and the selection among them takes **the seed as the unit**: two trials are tied when the "
-               f"difference of their per-seed mean val rewards (the same {len(sel['seeds'])} seeds, "
-               f"{', '.join(map(str, sel['seeds']))}, for both) has a {100 * (1 - sel['alpha']):.0f}% t-interval over "
+               f"difference of their per-seed mean val rewards (the same {len(sel.seeds)} seeds, "
+               f"{', '.join(map(str, sel.seeds))}, for both) has a {100 * (1 - sel.alpha):.0f}% t-interval over "
                "seeds holding 0. The tie rule chose among those ties.", ""]
     md += _verdict(sel) + [""] + _confirm_section(sel) + _margin_section(search) + ["## Trials", ""]
     md.append(_trials_table(search, sel, ["margin", "K", "n_ret", "lr_student"], search.get("margins") or {}))
-    if sel.get("unit") == "seed":
+    if sel.unit == "seed":
         md += ["", "Val reward, 95% CI and Δ vs best: on the search's own seeds, paired over val tasks against the "
                "search's best trial. *tied*: tied by seed with the best confirmed trial (confirmed trials only: the "
                "table above)."]
@@ -332,7 +334,7 @@ def _search_budget(trials: list[dict], confirm: list[dict] | None, base_runs: li
 
 
 def _tuning_table(search: dict, runs: dict) -> str:
-    point, base = search["selection"]["point"], search["baselines"] or {}
+    point, base = search["selection"].point, search["baselines"] or {}
     search_budget, budgets = _budgets(search)
     rows = []
     for arm in sorted(runs):

@@ -30,6 +30,7 @@ import numpy as np
 from lopd.errors import BadInput
 
 if TYPE_CHECKING:
+    from lopd.analysis.search_record import Selection
     from lopd.config import Params
 
 
@@ -45,11 +46,11 @@ def _same_point(a: dict, b: dict) -> bool:
     return all(float(a[k]) == float(b[k]) for k in keys)
 
 
-def points_of_s(selection: dict, trials: list[dict], binding: dict | None, margins: dict | None,
+def points_of_s(selection: Selection, trials: list[dict], margins: dict | None,
                 frozen_lr: float | None, cap: int) -> tuple[list[dict], list[str]]:
     """S, from the search's outputs only (val). Candidates: the selected trial; every trial tied with it by
-    seed (``selection['tied']``, the seed-aware tie test), by val rank (mean val reward over the confirmation
-    seeds, then trial number); the best trial whose margin binds (``binding``, if any). A trial whose point
+    seed (``selection.tied``, the seed-aware tie test), by val rank (mean val reward over the confirmation
+    seeds, then trial number); the best trial whose margin binds (``selection.binding_point``, if any). A trial whose point
     (m, K, n_ret, lr) equals one already in S is a duplicate, not a new point. The selected point is always
     in S; the binding point, when one exists, takes a slot (it is the only test of a margin that binds);
     ties fill the rest by val rank up to ``cap``.
@@ -58,11 +59,11 @@ def points_of_s(selection: dict, trials: list[dict], binding: dict | None, margi
     ``lr_frozen`` (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin
     status on val (the statuses of its search runs). Also returns notes on what was left out and why."""
     by_number = {int(float(r["number"])): r for r in trials}
-    intervals = selection.get("intervals") or {}
+    intervals = selection.intervals or {}
 
     def value(n: int) -> tuple[float, int]:
         if str(n) in intervals:
-            return float(intervals[str(n)]["mean"]), len((selection.get("per_seed") or {}).get(str(n), []))
+            return float(intervals[str(n)]["mean"]), len((selection.per_seed or {}).get(str(n), []))
         return float(by_number[n]["value"]), 0
 
     def point(n: int, role: str) -> dict:
@@ -76,12 +77,13 @@ def points_of_s(selection: dict, trials: list[dict], binding: dict | None, margi
         return p
 
     notes: list[str] = []
-    sel = int(selection["selected"])
+    sel = int(selection.selected)
     chosen = [point(sel, "selected")]
-    tied = sorted((int(n) for n in selection.get("tied", []) if int(n) != sel), key=lambda n: (-value(n)[0], n))
+    tied = sorted((int(n) for n in selection.tied if int(n) != sel), key=lambda n: (-value(n)[0], n))
     bind = None
-    if binding and binding.get("trial") is not None:
-        bind = point(int(binding["trial"]), "binding")
+    binding = selection.binding_point
+    if binding is not None and binding.trial is not None:
+        bind = point(int(binding.trial), "binding")
         if _same_point(bind, chosen[0]):
             chosen[0]["role"] = "selected, binding"
             bind = None
@@ -100,9 +102,9 @@ def points_of_s(selection: dict, trials: list[dict], binding: dict | None, margi
             room -= 1
     if bind is not None:
         chosen.append(bind)
-    elif not (binding and binding.get("trial") is not None) and cap > 1:
+    elif not (binding is not None and binding.trial is not None) and cap > 1:
         notes.append("no trial's margin binds: S has no binding point"
-                     + (f" ({binding['reason']})" if binding and binding.get("reason") else ""))
+                     + (f" ({binding.reason})" if binding is not None and binding.reason else ""))
     for i, p in enumerate(chosen):
         p["name"] = f"p{i}"
     return chosen, notes

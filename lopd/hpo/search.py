@@ -89,19 +89,19 @@ def search_arm(params: Params, res: Resources, arm: str, axes, out_dir: Path, *,
                   for i, t in enumerate(done)]
         sel = (select_by_seed(scores, have, search_seeds(params) + confirm_seeds(params), hp.tie_rule,
                               hp.tie_alpha, space_) if have else select(scores, hp.tie_rule, hp.tie_alpha, space_))
-        new, notes = extend(space_, sel["point"], rules)
+        new, notes = extend(space_, sel.point, rules)
         if len(levels) >= hp.max_extensions or new == space_:
             break
-        levels.append({"after_trials": len(done), "selected": sel["selected"], "notes": notes,
+        levels.append({"after_trials": len(done), "selected": sel.selected, "notes": notes,
                        "space": {k: list(v) for k, v in new.items()}})
         print(f"{arm}: boundary rule, extension {len(levels)}: " + "; ".join(notes))
         tried = [dict(t.params) for t in done]
         rest = [p for p in grid(new) if p not in tried]
-        forced = rest if len(rest) <= hp.trials_per_extension else forced_points(sel["point"], space_, new)
+        forced = rest if len(rest) <= hp.trials_per_extension else forced_points(sel.point, space_, new)
         study = run_search(params, res, space_=new, level=len(levels), parent=study, forced=forced,
                            n_trials=len(done) + min(len(rest), hp.trials_per_extension), **kw)
         space_ = new
-    boundary = record(space_, sel["point"], rules, levels, hp.max_extensions)
+    boundary = record(space_, sel.point, rules, levels, hp.max_extensions)
     return write_outputs(study, out_dir, params, have, arm=arm, space_=space_, boundary=boundary), study
 
 

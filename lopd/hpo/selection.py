@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lopd.analysis.search_record import Binding, Selection
 from lopd.analysis.stats import paired_t, summarize
 
 TIE_RULES = ("best", "median_margin", "smallest_margin")
@@ -94,7 +95,9 @@ def _pick(tied: list[TrialScore], rule: str) -> TrialScore:
     return next(t for t in by_value if t.point["margin"] == target)
 
 
-def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> dict:
+
+
+def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> Selection:
     """The selected trial under ``rule`` with everything the search report states (see the module doc).
 
     Raises ValueError when no trial is COMPLETE or the rule is unknown."""
@@ -109,17 +112,16 @@ def select(trials: list[TrialScore], rule: str, alpha: float, space: dict) -> di
     tied = [best] + [t for t in ranked[1:] if vs_best[t.number]["tied"]]
     chosen = _pick(tied, rule)
     runner = ranked[1] if len(ranked) > 1 else None
-    return {
-        "rule": rule, "alpha": alpha, "unit": "task", "best": best.number, "selected": chosen.number,
-        "point": dict(chosen.point),
-        "value": chosen.value, "tied": sorted(t.number for t in tied), "tie_count": len(tied),
-        "runner_up": None if runner is None else {"number": runner.number, **vs_best[runner.number]},
-        "distinguishable": runner is not None and not vs_best[runner.number]["tied"],
-        "by_rule": chosen.number != best.number, "boundary": boundary(chosen.point, space),
-        "vs_best": {str(k): v for k, v in sorted(vs_best.items())},
-        "intervals": {str(t.number): dict(zip(("mean", "low", "high"), t_interval(np.asarray(t.per_task), alpha)))
-                      for t in complete if t.per_task},
-    }
+    return Selection(
+        rule=rule, alpha=alpha, unit="task", best=best.number, selected=chosen.number, point=dict(chosen.point),
+        value=chosen.value, tied=sorted(t.number for t in tied), tie_count=len(tied),
+        runner_up=None if runner is None else {"number": runner.number, **vs_best[runner.number]},
+        distinguishable=runner is not None and not vs_best[runner.number]["tied"],
+        by_rule=chosen.number != best.number, boundary=boundary(chosen.point, space),
+        vs_best={str(k): v for k, v in sorted(vs_best.items())},
+        intervals={str(t.number): dict(zip(("mean", "low", "high"), t_interval(np.asarray(t.per_task), alpha)))
+                   for t in complete if t.per_task},
+    )
 
 
 def paired_by_seed(a: list[float], b: list[float], alpha: float) -> dict:
@@ -139,7 +141,7 @@ def paired_by_seed(a: list[float], b: list[float], alpha: float) -> dict:
 
 
 def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], seeds: list[int], rule: str,
-                   alpha: float, space: dict) -> dict:
+                   alpha: float, space: dict) -> Selection:
     """The selection among the confirmed trials (``per_seed[number]``: a trial's mean val reward per seed of
     ``seeds``, the search's seeds and the confirmation's), with the seed as the unit (module docstring): the
     best is the highest mean over all seeds (lowest number among equal means), a trial is tied with it when
@@ -164,18 +166,18 @@ def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], s
     tied = [best] + [t for t in ranked[1:] if vs_best[t.number]["tied"]]
     chosen = _pick(tied, rule)
     runner = ranked[1] if len(ranked) > 1 else None
-    return {
-        "rule": rule, "alpha": alpha, "unit": "seed", "seeds": list(seeds), "best": best.number,
-        "selected": chosen.number, "point": dict(chosen.point), "value": chosen.value,
-        "tied": sorted(t.number for t in tied), "tie_count": len(tied), "confirmed": [t.number for t in ranked],
-        "runner_up": None if runner is None else {"number": runner.number, **vs_best[runner.number]},
-        "distinguishable": runner is not None and not vs_best[runner.number]["tied"],
-        "by_rule": chosen.number != best.number, "boundary": boundary(chosen.point, space),
-        "vs_best": {str(k): v for k, v in sorted(vs_best.items())},
-        "per_seed": {str(n): [float(x) for x in v] for n, v in sorted(per_seed.items())},
-        "intervals": {str(n): dict(zip(("mean", "low", "high"), t_interval(np.asarray(v), alpha)))
-                      for n, v in sorted(per_seed.items())},
-    }
+    return Selection(
+        rule=rule, alpha=alpha, unit="seed", seeds=list(seeds), best=best.number,
+        selected=chosen.number, point=dict(chosen.point), value=chosen.value,
+        tied=sorted(t.number for t in tied), tie_count=len(tied), confirmed=[t.number for t in ranked],
+        runner_up=None if runner is None else {"number": runner.number, **vs_best[runner.number]},
+        distinguishable=runner is not None and not vs_best[runner.number]["tied"],
+        by_rule=chosen.number != best.number, boundary=boundary(chosen.point, space),
+        vs_best={str(k): v for k, v in sorted(vs_best.items())},
+        per_seed={str(n): [float(x) for x in v] for n, v in sorted(per_seed.items())},
+        intervals={str(n): dict(zip(("mean", "low", "high"), t_interval(np.asarray(v), alpha)))
+                   for n, v in sorted(per_seed.items())},
+    )
 
 
 def confirm_candidates(trials: list[TrialScore], top: int) -> list[TrialScore]:
@@ -186,13 +188,12 @@ def confirm_candidates(trials: list[TrialScore], top: int) -> list[TrialScore]:
 
 
 def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min_frac: float,
-                   max_delta: dict[int, float | None] | None = None) -> dict:
+                   max_delta: dict[int, float | None] | None = None) -> Binding:
     """The best COMPLETE trial whose margin binds (the ``lopd_binding`` arm's point): among the trials whose
     runs have status ``binds`` in at least ``min_frac`` of their seeds (``statuses[number]``, one per seed, as
     :func:`lopd.analysis.constraint.constraint_status`), the highest value, then the lowest number.
 
-    Returns ``{"trial", "point", "value", "statuses"}``, or ``{"trial": None, "reason"}`` saying why there is
-    none: the largest Δ(φ) any run reached (``max_delta[number]``) against the smallest positive m tried."""
+    Returns the :class:`Binding`, or one with ``trial`` None and the ``reason`` there is none: the largest Δ(φ) any run reached (``max_delta[number]``) against the smallest positive m tried."""
     def binds(t: TrialScore) -> bool:
         st = statuses.get(t.number) or []
         return bool(st) and st.count("binds") >= min_frac * len(st)
@@ -200,8 +201,8 @@ def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min
     ok = [t for t in trials if t.state == "COMPLETE" and t.value is not None and binds(t)]
     if ok:
         best = max(ok, key=lambda t: (t.value, -t.number))
-        return {"trial": best.number, "point": dict(best.point), "value": float(best.value),
-                "statuses": list(statuses[best.number])}
+        return Binding(trial=best.number, point=dict(best.point), value=float(best.value),
+                       statuses=tuple(statuses[best.number]))
     reached = max(((d, n) for n, d in (max_delta or {}).items() if d is not None), default=None)
     positive = [float(t.point["margin"]) for t in trials if float(t.point.get("margin", 0.0)) > 0]
     any_bind = sorted(n for n, st in statuses.items() if "binds" in st)
@@ -209,4 +210,4 @@ def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min
            + (f" (binds in some seed: trial(s) {', '.join(map(str, any_bind))})" if any_bind else "")
            + (f"; the largest Δ(φ) any run reached is {reached[0]:.4f} (trial {reached[1]})" if reached else "")
            + (f"; the smallest positive m tried is {min(positive):g}" if positive else "; no positive m was tried"))
-    return {"trial": None, "reason": why}
+    return Binding(trial=None, reason=why)

@@ -28,6 +28,7 @@ The split guard applies: this stage's reader has role ``hpo`` and cannot open ``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -310,14 +311,14 @@ def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list
               for i, t in enumerate(done)]
     try:
         sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space_)
-        search_ci = sel["intervals"]
+        search_ci = sel.intervals
         if per_seed:
-            sel = {**select_by_seed(scores, per_seed, search_seeds(params) + confirm_seeds(params),
-                                    params.hpo.tie_rule, params.hpo.tie_alpha, space_),
-                   "search": {k: v for k, v in sel.items() if k != "intervals"}}
+            sel = replace(select_by_seed(scores, per_seed, search_seeds(params) + confirm_seeds(params),
+                                         params.hpo.tie_rule, params.hpo.tie_alpha, space_),
+                          search=replace(sel, intervals=None))
     except ValueError as e:
         raise RunFailed(f"the search finished no trial: nothing to select ({e})") from None
-    tied = set(sel["tied"])
+    tied = set(sel.tied)
     rows = [{"number": t.number, "state": t.state, "value": t.value,
              "ci_low": (search_ci.get(str(t.number)) or {}).get("low"),
              "ci_high": (search_ci.get(str(t.number)) or {}).get("high"),
@@ -327,27 +328,24 @@ def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list
             for t in scores]
     columns = TRIAL_COLUMNS[:-4] + [a for a in ("margin", "K", "n_ret", "lr_student", "group_size") if a in space_]
     write_csv(out_dir / "trials.csv", [{k: r.get(k) for k in columns} for r in rows], columns)
-    sel["space"], sel["arm"] = {k: list(v) for k, v in space_.items()}, arm
-    if boundary is not None:
-        sel["boundary_rule"] = boundary
     paths_rows = margin_path_rows(done) if "margin" in space_ else []
     write_csv(out_dir / "margin_paths.csv", paths_rows, MARGIN_PATH_COLUMNS)
     margins = {int(n): t for n, t in trial_margins(paths_rows).items()}
-    sel["binding"] = select_binding(scores, {n: t["status"] for n, t in margins.items()}, params.hpo.binding_min_frac,
-                                    {n: t["max_delta"] for n, t in margins.items()}) if arm == "lopd" else None
-    write_json(out_dir / "selection.json", sel)
-    if arm != "lopd":
-        return {**{k: _num(v) for k, v in sel["point"].items()}, "value": float(sel["value"]), "trial": sel["selected"],
-                "tie_count": sel["tie_count"], "tie_unit": sel["unit"],
-                "value_seeds": len(sel.get("seeds") or search_seeds(params)), "selected_on": "val"}
-    best = {**_point(sel["point"], params), "value": float(sel["value"]), "trial": sel["selected"],
-            "tie_count": sel["tie_count"], "tie_rule": sel["rule"], "tie_unit": sel["unit"],
-            "value_seeds": len(sel.get("seeds") or search_seeds(params)), "selected_on": "val"}
-    b = sel["binding"]
-    best["binding"] = ({**_point(b["point"], params), "value": b["value"], "trial": b["trial"]}
-                       if b["trial"] is not None else None)
-    if b["trial"] is None:
-        best["binding_reason"] = b["reason"]
+    b = select_binding(scores, {n: t["status"] for n, t in margins.items()}, params.hpo.binding_min_frac,
+                       {n: t["max_delta"] for n, t in margins.items()}) if arm == "lopd" else None
+    sel = sel.with_outputs(space_, arm, boundary, b)
+    write_json(out_dir / "selection.json", sel.to_json())
+    if b is None:
+        return {**{k: _num(v) for k, v in sel.point.items()}, "value": float(sel.value), "trial": sel.selected,
+                "tie_count": sel.tie_count, "tie_unit": sel.unit,
+                "value_seeds": len(sel.seeds or search_seeds(params)), "selected_on": "val"}
+    best = {**_point(sel.point, params), "value": float(sel.value), "trial": sel.selected,
+            "tie_count": sel.tie_count, "tie_rule": sel.rule, "tie_unit": sel.unit,
+            "value_seeds": len(sel.seeds or search_seeds(params)), "selected_on": "val"}
+    best["binding"] = ({**_point(b.point, params), "value": b.value, "trial": b.trial}
+                       if b.trial is not None else None)
+    if b.trial is None:
+        best["binding_reason"] = b.reason
     atomic_write_text(out_dir / "best_params.yaml", yaml.safe_dump(best, sort_keys=True))
     return best
 

@@ -35,10 +35,10 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
             tracker.end()
             return {}
         with search_progress(hp.n_trials) as on_trial:  # LOPD's search, its best trials on more seeds, its extensions
-            sel, study = search_arm(params, res, "lopd", LOPD_AXES, paths.hpo, storage=storage, dep_files=deps,
-                             parent_tracker=tracker, on_batch=lambda st: on_trial(st, None))
-        tracker.log_params({f"best_{k}": v for k, v in sel.items() if k not in ("binding", "binding_reason")})
-        tracker.log_params({"binding_trial": (sel["binding"] or {}).get("trial")})
+            best, study = search_arm(params, res, "lopd", LOPD_AXES, paths.hpo, storage=storage, dep_files=deps,
+                                     parent_tracker=tracker, on_batch=lambda st: on_trial(st, None))
+        tracker.log_params({f"best_{k}": v for k, v in best.items() if k not in ("binding", "binding_reason")})
+        tracker.log_params({"binding_trial": (best["binding"] or {}).get("trial")})
         searched = {}
         for arm in hp.searched_arms:  # every other arm searched alike, over its own knobs
             axes = hp.search_axes[arm]
@@ -46,21 +46,21 @@ def run(params: Params, paths: Paths, worker: bool = False, storage: str | None 
             out.mkdir(parents=True, exist_ok=True)
             with search_progress(hp.n_trials, label=f"{arm} search") as on_trial:
                 searched[arm] = (axes, search_arm(params, res, arm, axes, out, storage=storage, dep_files=deps,
-                                                  fixed=fixed_values(params, arm, axes, sel), parent_tracker=tracker,
+                                                  fixed=fixed_values(params, arm, axes, best), parent_tracker=tracker,
                                                   on_batch=lambda st: on_trial(st, None))[0])
-        baselines = tune_baselines(params, res, sel, paths.hpo, parent_tracker=tracker, searched=searched)
+        baselines = tune_baselines(params, res, best, paths.hpo, parent_tracker=tracker, searched=searched)
     except BaseException:
         tracker.end("FAILED")
         raise
     tracker.log_params({f"{k}_{arm}": b[k] for arm, b in baselines.items() for k in b.get("knobs") or [b["knob"]]})
     tracker.end()
-    write_result(paths.hpo, sel, study, splits_read())
+    write_result(paths.hpo, best, study, splits_read())
     write_side(paths, "hpo", {"seconds": round(time.time() - t0, 1), "mlflow_run_id": tracker.run_id,
                               "tracking": tracker.status, "interrupted_trials": interrupted_trials(study)})
-    print(f"selected on val: m={sel['margin']} K={sel['K']} n_ret={sel['n_ret']} lr={sel['lr_student']} "
-          f"(val reward {sel['value']:.3f}; {sel['tie_count']} trial(s) tied with the best, rule {sel['tie_rule']})")
-    b = sel["binding"]
-    print(f"lopd_binding: trial {b['trial']}" if b else f"lopd_binding: not run ({sel['binding_reason']})")
+    print(f"selected on val: m={best['margin']} K={best['K']} n_ret={best['n_ret']} lr={best['lr_student']} "
+          f"(val reward {best['value']:.3f}; {best['tie_count']} trial(s) tied with the best, rule {best['tie_rule']})")
+    b = best["binding"]
+    print(f"lopd_binding: trial {b['trial']}" if b else f"lopd_binding: not run ({best['binding_reason']})")
     for arm, b in baselines.items():
         print(f"  {arm}: " + " ".join(f"{k} {b[k]}" for k in b.get("knobs") or [b["knob"]]) + f" (val reward {b['value']:.3f})")
-    return sel
+    return best

@@ -26,12 +26,17 @@ def run(params: Params, paths: Paths) -> dict:
     from lopd.analysis.loading import load_evals, read_csv_rows, values
     from lopd.arms import get_arm
     from lopd.confirmation import registration as regmod
+    from lopd.analysis.search_record import Selection
     from lopd.utils import clean_json, sha256_file, write_json
 
     rp, cp = params.report, params.confirm
     rule = Rule.from_params(rp)
     hpo = paths.hpo
-    selection = _read(hpo / "selection.json", "the search's selection")
+    try:
+        selection = Selection.from_json(_read(hpo / "selection.json", "the search's selection"))
+    except ValueError as e:
+        raise BadInput(f"{hpo / 'selection.json'} is not a selection the hpo stage writes ({e}): rerun the hpo "
+                       "stage (dvc repro -f hpo)") from None
     trials = read_csv_rows(hpo / "trials.csv") if (hpo / "trials.csv").exists() else []
     margins = trial_margins(read_csv_rows(hpo / "margin_paths.csv")) if (hpo / "margin_paths.csv").exists() else None
     baselines = _read(hpo / "baselines.yaml", "the baselines' tuning") or {}
@@ -44,8 +49,7 @@ def run(params: Params, paths: Paths) -> dict:
     if len(cp.seeds) < 2:
         raise BadInput(f"confirm.seeds has {len(cp.seeds)} seed: the rule's paired t-tests need at least 2")
     try:
-        points, notes = regmod.points_of_s(selection, trials, selection.get("binding"), margins, frozen_lr,
-                                           len(cp.points))
+        points, notes = regmod.points_of_s(selection, trials, margins, frozen_lr, len(cp.points))
     except KeyError as e:
         raise BadInput(f"hpo/trials.csv has no row for trial {e} that hpo/selection.json names: rerun the hpo stage "
                        "(dvc repro -f hpo)") from None

@@ -1,4 +1,5 @@
-"""The one training loop. Every arm (:mod:`lopd.arms`) is a set of switches on it.
+"""One run's training step, the same for every arm: each arm (:mod:`lopd.arms`) is a set of switches on it.
+*When* steps, validations and checkpoints happen is the training loop's (:mod:`lopd.training.loop`).
 
 One step:
 

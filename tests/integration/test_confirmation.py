@@ -103,32 +103,43 @@ def test_the_amended_rule_keeps_its_level_under_the_null():
 TRIALS = [{"number": str(n), "value": str(v), "margin": str(m), "K": str(k), "n_ret": str(r), "lr_student": "0.005"}
           for n, v, m, k, r in [(0, 0.40, 1.0, 4, 2), (1, 0.41, 1.0, 8, 5), (2, 0.42, 1.0, 8, 5),
                                 (3, 0.43, 0.5, 4, 5), (4, 0.30, 0.01, 4, 2)]]
-SELECTION = {"selected": 0, "tied": [0, 1, 2, 3],
+SELECTION = {"rule": "best", "alpha": 0.05, "unit": "seed", "best": 0, "selected": 0, "point": {}, "value": 0.45,
+             "tied": [0, 1, 2, 3], "tie_count": 4, "runner_up": None, "distinguishable": False, "by_rule": False,
+             "boundary": {}, "vs_best": {},
              "intervals": {"0": {"mean": 0.45}, "1": {"mean": 0.44}, "2": {"mean": 0.44}, "3": {"mean": 0.43}},
              "per_seed": {str(n): [0.4] * 6 for n in range(4)}}
 
 
+def _selection(binding):
+    """SELECTION as the register stage reads hpo/selection.json, with ``binding`` (absent: no key)."""
+    from lopd.analysis.search_record import Selection
+
+    return Selection.from_json(SELECTION if binding == "absent" else {**SELECTION, "binding": binding})
+
+
 def test_s_is_the_selected_point_its_seed_ties_and_the_binding_point_capped_by_val_rank():
-    pts, notes = regmod.points_of_s(SELECTION, TRIALS, {"trial": 4}, None, 0.002, cap=3)
+    pts, notes = regmod.points_of_s(_selection({"trial": 4}), TRIALS, None, 0.002, cap=3)
     assert [(p["trial"], p["role"]) for p in pts] == [(0, "selected"), (1, "tied"), (4, "binding")]
     assert pts[0]["lr_frozen"] == 0.002 and [p["name"] for p in pts] == ["p0", "p1", "p2"]
     assert any("repeats trial 1" in x for x in notes)  # trial 2 is trial 1's point
     assert any("trial 3" in x and "S is full" in x for x in notes)
-    pts, notes = regmod.points_of_s(SELECTION, TRIALS, {"trial": None, "reason": "none binds"}, None, None, cap=3)
+    pts, notes = regmod.points_of_s(_selection({"trial": None, "reason": "none binds"}), TRIALS, None, None, cap=3)
     assert [p["trial"] for p in pts] == [0, 1, 3]
     assert pts[1]["lr_frozen"] == pts[1]["lr_student"]  # lopd_frozen untuned: the point's lr
     assert any("none binds" in x for x in notes)
-    assert [p["trial"] for p in regmod.points_of_s(SELECTION, TRIALS, None, None, None, cap=1)[0]] == [0]
+    for binding in (None, "absent"):  # another arm's search; a search written before the binding point
+        assert [p["trial"] for p in regmod.points_of_s(_selection(binding), TRIALS, None, None, cap=1)[0]] == [0]
 
 
 def test_s_reads_only_the_search_outputs():
-    """points_of_s takes the search's selection, trials, binding and margins (all val): its signature has no
-    place for a test result, and the register stage passes it nothing else (checked by reading the stage)."""
+    """points_of_s takes the search's selection (the binding point in it), trials and margins (all val): its
+    signature has no place for a test result, and the register stage passes it nothing else (checked by reading
+    the stage)."""
     import inspect
 
     from lopd.stages import register
 
-    assert list(inspect.signature(regmod.points_of_s).parameters) == ["selection", "trials", "binding", "margins",
+    assert list(inspect.signature(regmod.points_of_s).parameters) == ["selection", "trials", "margins",
                                                                        "frozen_lr", "cap"]
     src = inspect.getsource(register.run)
     call = src[src.index("regmod.points_of_s("):].split("\n")[0]
@@ -356,7 +367,7 @@ def test_register_refuses_a_rule_arm_tuned_over_its_own_knobs(tmp_path):
     params = default_params({"report": {"rule": {"gain_over": ["base", "opsd_text"]}}})
     paths = Paths(tmp_path)
     paths.hpo.mkdir(parents=True)
-    (paths.hpo / "selection.json").write_text(json.dumps({"selected": 1, "tied": []}))
+    (paths.hpo / "selection.json").write_text(json.dumps({**SELECTION, "selected": 1, "tied": []}))
     (paths.hpo / "baselines.yaml").write_text("opsd_text: {lr_student: 0.002}\nlopd_frozen: {lr_student: 0.001}\n")
     with pytest.raises(BadInput, match="opsd_text, tuned on val over its own knobs"):
         register.run(params, paths)

@@ -16,6 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from lopd.analysis.hpo_report import render_search, search_metrics
 from lopd.errors import RunFailed
+from lopd.analysis.search_record import Selection
 from lopd.hpo.study import write_outputs
 from lopd.hpo.selection import TrialScore, confirm_candidates, paired, paired_by_seed, select, select_by_seed
 from tests.conftest import default_params
@@ -48,10 +49,10 @@ def test_all_trials_tie_and_the_registered_rule_chooses_the_median_margin():
     same = [1, 0, 0, 1, 0, 1]
     trials = [_t(0, C, 0.0, same), _t(1, C, 0.2, same), _t(2, C, 0.05, same), _t(3, C, 0.5, same)]
     sel = select(trials, "median_margin", 0.05, SPACE)
-    assert sel["tie_count"] == 4 and sel["tied"] == [0, 1, 2, 3]
-    assert sel["best"] == 0 and sel["selected"] == 2 and sel["by_rule"] and not sel["distinguishable"]
-    assert select(trials, "smallest_margin", 0.05, SPACE)["selected"] == 0
-    assert select(trials, "best", 0.05, SPACE)["selected"] == 0
+    assert sel.tie_count == 4 and sel.tied == [0, 1, 2, 3]
+    assert sel.best == 0 and sel.selected == 2 and sel.by_rule and not sel.distinguishable
+    assert select(trials, "smallest_margin", 0.05, SPACE).selected == 0
+    assert select(trials, "best", 0.05, SPACE).selected == 0
 
 
 def test_a_distinguishable_best_is_selected_and_pruned_trials_never_are():
@@ -59,9 +60,9 @@ def test_a_distinguishable_best_is_selected_and_pruned_trials_never_are():
     tied); trial 2 is PRUNED with a higher value and is ignored."""
     trials = [_t(0, C, 0.05, [0.0, 0.5, 0.0, 0.5]), _t(1, C, 0.2, [0.5, 1.0, 0.5, 1.0]), _t(2, P, 0.0, [1, 1, 1, 1])]
     sel = select(trials, "median_margin", 0.05, SPACE)
-    assert sel["selected"] == sel["best"] == 1 and sel["tie_count"] == 1 and sel["distinguishable"]
-    assert sel["runner_up"]["number"] == 0 and sel["runner_up"]["diff"] == pytest.approx(0.5)
-    assert "2" not in sel["intervals"] and not sel["by_rule"]
+    assert sel.selected == sel.best == 1 and sel.tie_count == 1 and sel.distinguishable
+    assert sel.runner_up["number"] == 0 and sel.runner_up["diff"] == pytest.approx(0.5)
+    assert "2" not in sel.intervals and not sel.by_rule
     with pytest.raises(ValueError, match="no COMPLETE trial"):
         select([_t(0, P, 0.0, [1.0])], "best", 0.05, SPACE)
     with pytest.raises(ValueError, match="unknown tie rule"):
@@ -71,7 +72,7 @@ def test_a_distinguishable_best_is_selected_and_pruned_trials_never_are():
 def test_a_boundary_optimum_is_flagged():
     trials = [_t(0, C, 0.5, [1, 1, 1, 0], K=4, n_ret=2, lr=0.002), _t(1, C, 0.05, [0, 0, 0, 0], K=8, n_ret=2)]
     sel = select(trials, "best", 0.05, SPACE)
-    assert sel["boundary"] == {"margin": "high", "K": "low", "n_ret": None, "lr_student": "high"}
+    assert sel.boundary == {"margin": "high", "K": "low", "n_ret": None, "lr_student": "high"}
     md = render_search({"selection": sel, "trials": [], "baselines": {}}, {})
     assert "**On the boundary of the search space:** margin = 0.5 is the highest choice" in md
     assert search_metrics({"selection": sel})["on_boundary"] == ["K", "lr_student", "margin"]
@@ -116,8 +117,8 @@ def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path)
     assert float(rows[0]["ci_low"]) == pytest.approx(0.5 - 0.64962, abs=1e-4) and rows[1]["ci_low"] == ""
     import json
 
-    md = render_search({"selection": json.loads((tmp_path / "selection.json").read_text()), "trials": rows,
-                        "baselines": {}}, {})
+    sel = Selection.from_json(json.loads((tmp_path / "selection.json").read_text()))
+    md = render_search({"selection": sel, "trials": rows, "baselines": {}}, {})
     assert "**The best trial is not distinguishable from the runner-up**" in md and "3 trial(s) are" in md
     assert "Every completed trial scored exactly the same validation reward" in md
     assert "`hpo.tie_rule: median_margin`" in md
@@ -228,13 +229,13 @@ def test_binding_point_is_the_best_completed_trial_whose_margin_binds():
     st = {0: ["binds", "unsettled"], 1: ["degenerates"] * 2, 2: ["binds"] * 2, 3: ["binds"] * 2}
     dmax = {0: 0.02, 1: 0.06, 2: 0.01, 3: 0.03}
     got = select_binding(trials, st, 0.5, dmax)
-    assert got == {"trial": 2, "point": {"margin": 0.005}, "value": 0.42, "statuses": ["binds", "binds"]}
-    assert select_binding(trials, st, 1.0, dmax)["trial"] == 2
+    assert got.to_json() == {"trial": 2, "point": {"margin": 0.005}, "value": 0.42, "statuses": ["binds", "binds"]}
+    assert select_binding(trials, st, 1.0, dmax).trial == 2
     none = select_binding([t for t in trials if t.number != 2], st, 1.0, dmax)
-    assert none["trial"] is None
-    assert "binds in some seed: trial(s) 0, 2, 3" in none["reason"]  # statuses of every trial recorded
-    assert "largest Δ(φ) any run reached is 0.0600 (trial 1)" in none["reason"]
-    assert "smallest positive m tried is 0.01" in none["reason"]  # trial 2 (m 0.005) left out here
+    assert none.trial is None
+    assert "binds in some seed: trial(s) 0, 2, 3" in none.reason  # statuses of every trial recorded
+    assert "largest Δ(φ) any run reached is 0.0600 (trial 1)" in none.reason
+    assert "smallest positive m tried is 0.01" in none.reason  # trial 2 (m 0.005) left out here
 
 
 def test_an_arm_without_a_point_is_recorded_not_run_and_reads_no_test_task(workspace, tmp_path):
@@ -308,12 +309,12 @@ def test_the_seed_aware_tie_test_ties_two_trials_that_differ_only_by_their_seeds
     assert not paired(a, b, 0.05)["tied"]  # the search's test calls them different
     sel = select_by_seed([a, b], {0: a_seeds, 1: b_seeds}, [1000, 1001, 1002, 1003, 1004, 1005], "median_margin",
                          0.05, SPACE)
-    assert sel["unit"] == "seed" and sel["tie_count"] == 2 and not sel["distinguishable"]
-    assert sel["vs_best"][str(sel["runner_up"]["number"])]["n_seeds"] == 6
+    assert sel.unit == "seed" and sel.tie_count == 2 and not sel.distinguishable
+    assert sel.vs_best[str(sel.runner_up["number"])]["n_seeds"] == 6
     # a real effect of the point (+0.1 on every seed) stays distinguishable by seed
     c, c_seeds = _seeded(2, 0.5, [x + 0.1 for x in tasks], [0.03, 0.02, -0.02, 0.01, -0.03, 0.0])
     sel = select_by_seed([a, b, c], {0: a_seeds, 1: b_seeds, 2: c_seeds}, list(range(6)), "best", 0.05, SPACE)
-    assert sel["selected"] == 2 and sel["distinguishable"] and sel["tied"] == [2]
+    assert sel.selected == 2 and sel.distinguishable and sel.tied == [2]
     with pytest.raises(ValueError, match="has 5 per-seed rewards for 6 seeds"):
         select_by_seed([a, b], {0: a_seeds[:5], 1: b_seeds}, list(range(6)), "best", 0.05, SPACE)
 
@@ -336,8 +337,8 @@ def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
     best = write_outputs(study, tmp_path, params, per_seed)
     assert best["trial"] == 2 and best["tie_unit"] == "seed" and best["value_seeds"] == 6
     assert best["value"] == pytest.approx(sum(per_seed[2]) / 6)
-    sel = json.loads((tmp_path / "selection.json").read_text())
-    assert sel["search"]["best"] == 0 and sel["search"]["unit"] == "task" and sel["seeds"] == list(range(1000, 1006))
+    sel = Selection.from_json(json.loads((tmp_path / "selection.json").read_text()))
+    assert sel.search.best == 0 and sel.search.unit == "task" and sel.seeds == list(range(1000, 1006))
     with open(tmp_path / "trials.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["confirmed_seeds"] for r in rows] == ["6", "", "6"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lopd.analysis.hpo_report import render_search, trial_margins
+from lopd.analysis.search_record import Selection
 
 
 def _paths(trial: int, m: float, beta, delta, seeds=(1000, 1001)) -> list[dict]:
@@ -22,8 +23,9 @@ def test_each_trials_status_per_seed_and_its_beta_path():
 
 
 def _search(selected: int, rows: list[dict]) -> dict:
-    sel = {"rule": "best", "alpha": 0.05, "runner_up": None, "selected": selected, "best": selected, "by_rule": False,
-           "boundary": {}, "point": {"margin": 1.0}, "vs_best": {}, "tie_count": 1, "distinguishable": True}
+    sel = Selection.from_json({"rule": "best", "alpha": 0.05, "runner_up": None, "selected": selected, "best": selected,
+                               "by_rule": False, "boundary": {}, "point": {"margin": 1.0}, "value": 0.4,
+                               "tied": [selected], "vs_best": {}, "tie_count": 1, "distinguishable": True})
     trials = [{"number": str(n), "state": "COMPLETE", "value": "0.4", "margin": str(r[0]["margin"])}
               for n, r in ((0, RAMP), (1, BINDS))]
     return {"selection": sel, "trials": trials, "baselines": {}, "margins": trial_margins(rows)}
