@@ -1,0 +1,73 @@
+"""Every confirmatory read in the repository's history, recovered from git: the first entries of
+``registration/ledger.yaml``.
+
+    python bench/recover_ledger.py [--rev HEAD]
+
+A commit whose ``reports/falsification.md`` names a registration (``Registration: sha256 `…` ``) committed the
+verdict of a ``confirm_evaluate`` that read the confirmatory split under it. For the first commit naming each
+registration it prints, as YAML: the registration's sha256, the commit and its date, S (each point's name, search
+trial and role, from the specification curve), the seeds (``confirm.seeds`` of that commit's ``params.yaml``), the
+confirmatory split (the md5 of ``data/confirm/manifest.json`` that the ``register`` stage read, from that commit's
+``dvc.lock``) and the verdict with its label. Reads git only; writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+
+import yaml
+
+REG = re.compile(r"Registration: sha256 `([0-9a-f]{64})`")
+POINT = re.compile(r"^\| (p\d+) \| (\d+) \| ([a-z, ]+) \|")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
+
+def show(commit: str, path: str) -> str | None:
+    r = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def entry(commit: str, md: str) -> dict:
+    reg = REG.search(md).group(1)
+    verdict_line = next(line for line in md.splitlines() if "Label: **" in line)
+    verdict = verdict_line.split("**")[1]
+    label = verdict_line.split("Label: **", 1)[1].split("**", 1)[0]
+    points, seen = [], set()
+    for line in md.split("## Specification curve", 1)[-1].splitlines():
+        m = POINT.match(line)
+        if m and m.group(1) not in seen:
+            seen.add(m.group(1))
+            points.append({"point": m.group(1), "trial": int(m.group(2)), "role": m.group(3)})
+    params = yaml.safe_load(show(commit, "params.yaml"))
+    lock = yaml.safe_load(show(commit, "dvc.lock"))["stages"]
+    manifest = next(d for d in lock["register"]["deps"] if d["path"] == "data/confirm/manifest.json")
+    return {"registration": reg, "commit": git("rev-parse", commit).strip(),
+            "date": git("log", "-1", "--format=%cI", commit).strip(), "points": points,
+            "seeds": list(params["confirm"]["seeds"]), "split_manifest_md5": manifest["md5"],
+            "verdict": verdict, "label": label}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", default="HEAD")
+    a = ap.parse_args()
+    entries, seen = [], set()
+    for commit in reversed(git("log", "--format=%H", a.rev, "--", "reports/falsification.md").split()):
+        md = show(commit, "reports/falsification.md")
+        m = REG.search(md or "")
+        if m is None or m.group(1) in seen:
+            continue
+        seen.add(m.group(1))
+        entries.append(entry(commit, md))
+    yaml.safe_dump({"reads": entries}, sys.stdout, sort_keys=False, width=120, default_flow_style=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
