@@ -58,7 +58,7 @@ class Selection:
     runner_up: dict | None  # the second-ranked trial against the best: number, diff, low, high, p, tied
     distinguishable: bool  # the runner-up is not tied with the best
     by_rule: bool  # the tie rule chose another trial than the best
-    boundary: dict  # coordinate -> "small" / "larg" / None: where the selected point sits in the space
+    boundary: dict  # coordinate -> "low" / "high" / None: the selected point on the edge of its choices, or not
     vs_best: dict  # str(trial) -> its paired comparison with the best
     intervals: dict | None = None  # str(trial) -> mean, low, high
     seeds: list | None = None  # by seed: the seeds compared
