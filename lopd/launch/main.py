@@ -213,6 +213,19 @@ def _check_resources(plan: Plan, lp, total: dict) -> None:
                                f"(local cluster: --num-{key.lower()}s; or lower launch.resources)")
 
 
+def oversubscription(lp, torch_threads: int) -> list[str]:
+    """One warning per job kind that reserves fewer CPUs than the torch threads its stage runs
+    (``model.torch_threads``; every stage sets it when it loads the model). Ray then packs more threads than
+    cores onto a machine, and OpenMP threads spin at their barriers while another job holds the cores: two
+    2-thread processes side by side on 2 cores ran a population step at 0.15x of one (``bench/layout.py``,
+    ``docs/benchmarks.md``)."""
+    return [f"launch.resources.{kind} reserves {res.num_cpus:g} CPU per job, but each stage runs "
+            f"model.torch_threads = {torch_threads} torch threads: jobs side by side will oversubscribe the cores "
+            f"and spin. Reserve num_cpus: {torch_threads}, or set model.torch_threads to {res.num_cpus:g} "
+            "(that changes what a run computes, to the last bits)"
+            for kind, res in sorted(lp.resources.items()) if res.num_gpus == 0 and res.num_cpus < torch_threads]
+
+
 def _report(summary: dict) -> int:
     for name, out in sorted(summary.get("failed", {}).items()):
         print(f"FAILED {name}: rc={out.get('rc')} {out.get('error') or ''} after {out['attempt']} attempt(s); "
@@ -263,11 +276,21 @@ def main(argv: list[str] | None = None) -> int:
         INTERRUPTED.set()  # the driver re-raises from this flag if the KeyboardInterrupt is dropped
         raise KeyboardInterrupt
 
+    from lopd.config import read_yaml_mapping
+
+    try:
+        threads = int((read_yaml_mapping(a.params, "params file").get("model") or {}).get("torch_threads") or 1)
+        lp = load_launch_params(a.params)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in oversubscription(lp, threads):
+        print(f"lopd launch: warning: {line}", file=sys.stderr)
     INTERRUPTED.clear()
     old_term = signal.signal(signal.SIGTERM, on_signal)
     old_int = signal.signal(signal.SIGINT, on_signal)
     try:
-        summary = launch(load_launch_params(a.params), ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
+        summary = launch(lp, ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
                          targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
