@@ -9,6 +9,10 @@ registration it prints, as YAML: the registration's sha256, the commit and its d
 trial and role, from the specification curve), the seeds (``confirm.seeds`` of that commit's ``params.yaml``), the
 confirmatory split (the md5 of ``data/confirm/manifest.json`` that the ``register`` stage read, from that commit's
 ``dvc.lock``) and the verdict with its label. Reads git only; writes nothing.
+
+At ``e07b929`` it finds five registrations, all on split manifest ``1fedb8ac…``: ``6c3c30e3…`` (``a5ec95e``),
+``afb5a58b…`` (``952c1fe``), ``d67b8342…`` (``bb6da92``), ``0082876d…`` (``c7eb2d2``) and ``e076c854…``
+(``f700b03``, the registration ``reports/falsification.md`` names), as ``registration/ledger.yaml`` records them.
 """
 
 from __future__ import annotations

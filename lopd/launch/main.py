@@ -244,13 +244,14 @@ def _report(summary: dict) -> int:
     return 0 if summary["ok"] else 1
 
 
-def load_launch_params(path: str | Path):
-    """Only the ``launch`` section is read (each stage validates its own sections)."""
+def load_launch_params(path: str | Path, raw: dict | None = None):
+    """Only the ``launch`` section is read (each stage validates its own sections); ``raw``: the file's
+    mapping when the caller has read it already."""
     from pydantic import ValidationError
 
     from lopd.config import LaunchParams, format_params_error, read_yaml_mapping
 
-    raw = read_yaml_mapping(path, "params file")
+    raw = read_yaml_mapping(path, "params file") if raw is None else raw
     if "launch" not in raw:
         raise BadInput(f"{path} has no `launch` section (see params.yaml of this repository)")
     try:
@@ -279,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     from lopd.config import read_yaml_mapping
 
     try:
-        threads = int((read_yaml_mapping(a.params, "params file").get("model") or {}).get("torch_threads") or 1)
-        lp = load_launch_params(a.params)
+        raw = read_yaml_mapping(a.params, "params file")
+        lp = load_launch_params(a.params, raw)
+        threads = int((raw.get("model") or {}).get("torch_threads") or 1)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

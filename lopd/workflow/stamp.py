@@ -9,7 +9,7 @@ check the experiment's parent run.
 After a whole ``lopd repro`` (no target, no DVC option) has succeeded and the parent run is
 closed, :func:`write` records a *signature*: the bytes of ``dvc.yaml``, ``dvc.lock`` and
 ``.dvc/config``, and the (size, mtime, inode) of every file of every dependency, output and params
-file that ``dvc.lock`` names, plus the tracking store's file when it is a local SQLite file. The
+file that ``dvc.lock`` names, and the tracking store's file (only a local SQLite store is stamped). The
 next whole ``lopd repro`` computes the signature first (:func:`unchanged`). If it equals the
 stamp, nothing that DVC would hash, nor the MLflow store, has changed since DVC last found every
 stage up to date, so neither DVC nor MLflow is started. Any difference (a file touched, added or
@@ -33,8 +33,8 @@ STAMP = Path(".lopd") / "repro.stamp.json"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser: 0.1 s for the default design's lock
 
 
-def local_store(uri: str, root: Path) -> str | None:
-    """The file of a ``sqlite:///`` tracking URI relative to ``root`` (or absolute); None for any
+def local_store(uri: str) -> str | None:
+    """The file of a ``sqlite:///`` tracking URI, relative to the repository root (or absolute); None for any
     other store (a server, a file store), whose state a stat cannot vouch for."""
     prefix = "sqlite:///"
     if not uri.startswith(prefix):
@@ -117,8 +117,8 @@ def unchanged(root: Path) -> dict | None:
 
 def write(root: Path, tracking_uri: str) -> None:
     """Stamp the workspace as a whole repro just left it (every stage up to date, the parent closed)."""
-    store = local_store(tracking_uri, root)
-    sig = signature(root, store)
+    store = local_store(tracking_uri)
+    sig = signature(root, store) if store is not None else None  # a server's parent run: no stat vouches for it
     if sig is None:
         forget(root)
         return
