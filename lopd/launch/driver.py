@@ -1,6 +1,13 @@
 """The driver of ``lopd launch`` (:mod:`lopd.launch.main`): submits each ready stage as a Ray task,
-collects results, retries failures in a fresh worktree, and on an interrupt cancels its jobs and
-waits until every job command this host started is gone."""
+collects results, retries failures in a fresh worktree, and on an interrupt stops its jobs and
+waits until every job command this host started is gone.
+
+An interrupt stops jobs by a stop file in the log directory, which every job polls (the log directory is
+on the filesystem the jobs share: they append their events there). ``ray.cancel`` is kept for a job
+that has not returned ``CANCEL_WAIT_S`` after that: cancelling a task whose reply is on its way crashes
+Ray's driver (``Check failed: it != submissible_tasks_.end() Tried to complete task that was not pending``,
+ray-project/ray#54846; seen with Ray 2.60 in a fresh-clone ``make test``, where the launch then exited 1,
+not 130)."""
 
 from __future__ import annotations
 
@@ -12,11 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+from lopd.utils import atomic_write_text
 from lopd.launch.plan import Plan, ready_stages
 from lopd.launch.watchdog import wait_group_gone
 from lopd.launch.worktree import main_cache_dir, prepare_worktree, read_locks, remove_worktree
 
-CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop
+CANCEL_WAIT_S = 30  # an interrupted launch waits this long for its jobs to stop (then cancels the rest)
+STOP_FILE = "stop-requested"  # in the log directory: written on an interrupt; every job polls for it
 WAIT_S = 1.0  # the driver's longest wait between two looks at INTERRUPTED
 TERM_AFTER_S = 2.0  # an interrupted launch SIGTERMs a local job's group that its cancel has not stopped by then
 KILL_WAIT_S = 5.0  # after SIGKILL, how long it waits for the groups to be gone
@@ -46,6 +55,8 @@ class Driver:
         self.running: dict = {}  # ray ref -> (stage, attempt, worktree or None)
         self.blocked: list[str] = []  # not started: an upstream stage failed
         self.token = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.stop_file = log_dir / STOP_FILE
+        self.stop_file.unlink(missing_ok=True)  # a rerun given the same --log-dir starts unstopped
 
     def run(self) -> None:
         import ray
@@ -80,7 +91,7 @@ class Driver:
                 "copy_missing": [] if job.in_main else [
                     [rel, str(sources.get(prod) or self.root)] for rel, prod in job.copy_inputs],
                 "lockfile": job.lockfile, "lock_key": job.lock_key, "log": str(log),
-                "events": str(self.log_dir / "events.jsonl")}
+                "events": str(self.log_dir / "events.jsonl"), "stop": str(self.stop_file)}
         res = resources_for(self.lp.resources, job.kind)
         ref = self.remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=0,
                                   name=f"lopd:{name}").remote(spec)
@@ -117,16 +128,23 @@ class Driver:
             print(f"FAILED {name} after {attempt} attempt(s); log: {log}", flush=True)
 
     def cancel(self) -> None:
-        """Interrupt every running job (its dvc process group is stopped) and wait for them."""
+        """Stop every running job (its dvc process group is stopped) and wait for them: the stop file
+        first, which each job sees within its poll and answers by stopping its group and returning; then
+        ``ray.cancel`` for a job that has not returned within ``CANCEL_WAIT_S`` (one still queued, or one
+        that cannot see the file), never for one that may be returning (see the module docstring)."""
         import ray
 
         refs = list(self.running)
-        for ref in refs:
-            ray.cancel(ref)
-        # this host's jobs first: their groups are stopped from here too if a cancel does not reach them
+        atomic_write_text(self.stop_file, f"{time.time():.3f}\n")
+        # this host's job groups: SIGTERMed from here too if their job does not stop them
         stop_local_groups(self.log_dir / "events.jsonl", CANCEL_WAIT_S)
-        if refs:  # then the other hosts' jobs, which only Ray's cancel reaches
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        if not refs:
+            return
+        _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        for ref in left:
+            ray.cancel(ref)
+        if left:
+            ray.wait(left, num_returns=len(left), timeout=CANCEL_WAIT_S)
 
 
 def resources_for(resources: dict, kind: str):

@@ -17,6 +17,7 @@ from lopd.launch.watchdog import stop_group, wait_group_gone
 
 STOP_GRACE_S = 10  # SIGTERM -> SIGKILL for a job's process group
 POLL_S = 0.2
+STOPPED_RC = 130  # a job stopped by its launch's stop file (lopd.launch.driver), as an interrupted shell reports
 
 
 def run_job(spec: dict) -> dict:
@@ -32,13 +33,15 @@ def run_job(spec: dict) -> dict:
     env = dvc_env()
     event(events, "start", stage=stage, attempt=spec["attempt"], cwd=cwd, gpu_ids=gpu_ids,
           cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    stop = spec.get("stop")
     with open(log, "a") as fh:
-        rc = run_logged(["dvc", "checkout", *spec["checkout"]], cwd, fh, env) if spec["checkout"] else 0
+        rc = run_logged(["dvc", "checkout", *spec["checkout"]], cwd, fh, env, stop_file=stop) \
+            if spec["checkout"] else 0
         if rc == 0:
             rc = _copy_missing(spec, fh)
         if rc == 0:
             cmd = ["dvc", "repro", stage] if spec["in_main"] else ["dvc", "repro", "--single-item", stage]
-            rc = run_logged(cmd, cwd, fh, env, on_start=lambda pid: event(
+            rc = run_logged(cmd, cwd, fh, env, stop_file=stop, on_start=lambda pid: event(
                 events, "running", stage=stage, attempt=spec["attempt"], pid=pid))
         entry = read_lock_entry(cwd, spec["lockfile"], spec["lock_key"]) if rc == 0 else None
         if rc == 0 and entry is None:
@@ -89,10 +92,20 @@ def event(path: str | Path, kind: str, **fields) -> None:
         os.close(fd)
 
 
-def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) -> int:
-    """Run ``cmd`` under :mod:`lopd.launch.watchdog` in a new process group, output to ``fh``. An
-    interrupt (Ray's cancel) stops the whole group; so does the watchdog if this process dies: no
-    stage command outlives its job. ``on_start`` gets the group id."""
+def stop_requested(stop_file: str | Path | None) -> bool:
+    return stop_file is not None and os.path.exists(stop_file)
+
+
+def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None,
+               stop_file: str | Path | None = None) -> int:
+    """Run ``cmd`` under :mod:`lopd.launch.watchdog` in a new process group, output to ``fh``. Once
+    ``stop_file`` exists (the launch was interrupted) the whole group is stopped and ``STOPPED_RC``
+    returned, without starting ``cmd`` if it was there first; an interrupt (Ray's cancel) stops the
+    group too, and so does the watchdog if this process dies: no stage command outlives its job.
+    ``on_start`` gets the group id."""
+    if stop_requested(stop_file):
+        print(f"not run: the launch was interrupted ({stop_file}): {' '.join(cmd)}", file=fh, flush=True)
+        return STOPPED_RC
     print(f"$ {' '.join(cmd)}  (in {cwd})", file=fh, flush=True)
     watchdog = [sys.executable, str(Path(__file__).with_name("watchdog.py"))]
     proc = subprocess.Popen(watchdog + cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -101,6 +114,11 @@ def run_logged(cmd: list[str], cwd: str | Path, fh, env: dict, on_start=None) ->
         on_start(proc.pid)
     try:
         while proc.poll() is None:  # not proc.wait(): Ray's cancel raises between bytecodes, not in waitpid
+            if stop_requested(stop_file):
+                stop_group(proc.pid, proc, STOP_GRACE_S)
+                wait_group_gone(proc.pid)
+                print(f"stopped: the launch was interrupted ({stop_file})", file=fh, flush=True)
+                return STOPPED_RC
             time.sleep(POLL_S)
         wait_group_gone(proc.pid)  # the job's end event then means its group is gone (lopd.launch.driver)
         return proc.returncode

@@ -586,6 +586,69 @@ def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver
     assert len(waits) == 3 and waits[0] == driver.WAIT_S
 
 
+def test_a_job_stops_its_group_when_the_stop_file_appears(tmp_path):
+    """An interrupted launch writes its stop file; a job's command group is stopped within a poll and
+    ``STOPPED_RC`` returned, and a job that finds the file before its command starts does not start it.
+    Planted fault: the poll loop's stop-file check removed; the command then runs on and this test's
+    30 s budget fails it."""
+    import threading
+
+    from lopd.launch.job import POLL_S, STOPPED_RC, run_logged
+
+    stop, out = tmp_path / "stop-requested", {}
+    pids = []
+    with open(tmp_path / "job.log", "a") as fh:
+        th = threading.Thread(target=lambda: out.setdefault("rc", run_logged(
+            ["sleep", "600"], tmp_path, fh, dict(os.environ), on_start=pids.append, stop_file=stop)), daemon=True)
+        th.start()
+        while not pids:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        stop.write_text("1\n")
+        th.join(30)
+        took = time.monotonic() - t0
+        assert not th.is_alive(), "the job did not stop on its stop file"
+        assert out["rc"] == STOPPED_RC and took < POLL_S + 5, (out, took)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pids[0], 0)  # its group is gone
+        marker = tmp_path / "ran"
+        assert run_logged(["touch", str(marker)], tmp_path, fh, dict(os.environ), stop_file=stop) == STOPPED_RC
+    assert not marker.exists()
+    assert "stopped: the launch was interrupted" in (tmp_path / "job.log").read_text()
+
+
+def test_an_interrupt_cancels_only_the_jobs_that_did_not_return_after_the_stop_file(tmp_path, monkeypatch):
+    """``ray.cancel`` of a task whose reply is on its way crashes Ray's driver (ray-project/ray#54846;
+    a fresh-clone make test saw the launch exit 1, not 130). The driver writes the stop file first and
+    cancels only the jobs still running ``CANCEL_WAIT_S`` later. Planted fault: cancel every running
+    ref up front, as before; the fake's ``cancel`` of a returned job then fails this test."""
+    import types
+
+    import lopd.launch.driver as driver
+
+    returned, cancelled = {"ref-0", "ref-1"}, []
+    stop_seen = []
+
+    def wait(refs, num_returns=1, timeout=None):
+        stop_seen.append((tmp_path / driver.STOP_FILE).exists())
+        return [r for r in refs if r in returned], [r for r in refs if r not in returned]
+
+    def cancel(ref):
+        assert ref not in returned, f"ray.cancel of {ref}, a job that returned on the stop file"
+        cancelled.append(ref)
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(wait=wait, cancel=cancel))
+    monkeypatch.setattr(driver, "main_cache_dir", lambda root: str(tmp_path / "cache"))
+    (tmp_path / driver.STOP_FILE).write_text("stale\n")  # a rerun into the same log directory
+    drv = driver.Driver(_plan([_job("work")], launch=[]), types.SimpleNamespace(), tmp_path, tmp_path / "wt",
+                        tmp_path, remote=None, commit="x")
+    assert not (tmp_path / driver.STOP_FILE).exists(), "a stale stop file would stop every job of the rerun"
+    drv.running = {"ref-0": ("work", 1, None), "ref-1": ("work", 1, None), "ref-2": ("queued", 1, None)}
+    drv.cancel()
+    assert stop_seen and all(stop_seen) and cancelled == ["ref-2"]
+
+
 def test_an_interrupted_launch_stops_a_local_job_its_cancel_did_not_reach(tmp_path):
     """A job group of this host that Ray's cancel did not stop gets SIGTERM after ``TERM_AFTER_S``, not a
     wait of ``CANCEL_WAIT_S`` and a SIGKILL. Planted fault: the SIGTERM step removed; the group is then
