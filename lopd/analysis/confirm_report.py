@@ -109,10 +109,11 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
                      for r in conf["spec_curve"]]), ""]
     md += design_lines(reg)
     md += ["## S: the points the search cannot tell apart", "",
-           md_table(["point", "trial", "role", "val reward", "val seeds", "m", "K", "n_ret", "lr", "lopd_frozen lr",
+           md_table(["point", "trial", "role", "val reward", "val seeds", "m", "K", "n_ret", "lr", "η_β", "lopd_frozen lr",
                      "margin on val", "max Δ(φ) on val"],
                     [[p["name"], str(p["trial"]), p["role"], fmt(p["val_value"], 4), str(p["val_seeds"]), f"{p['margin']:g}",
-                      str(p["K"]), str(p["n_ret"]), f"{p['lr_student']:g}", f"{p['lr_frozen']:g}",
+                      str(p["K"]), str(p["n_ret"]), f"{p['lr_student']:g}",
+                      f"{p['eta_beta']:g}" if "eta_beta" in p else "—", f"{p['lr_frozen']:g}",
                       ", ".join(p["margin_status"] or []) or "—",
                       "—" if p.get("max_delta") is None else fmt(p["max_delta"], 4)] for p in pts]), ""]
     md += [f"- {x}" for x in reg.get("notes", [])] + ([""] if reg.get("notes") else [])
@@ -218,7 +219,8 @@ def summary(conf: dict | None) -> dict | None:
         return None
     reg = conf["registration"]
     out = {"registration_sha256": reg["sha256"], "points": [{k: p[k] for k in ("name", "trial", "role", "margin", "K",
-                                                                              "n_ret", "lr_student")} for p in reg["points"]],
+                                                                              "n_ret", "lr_student", "eta_beta") if k in p}
+                                                            for p in reg["points"]],
            "seeds": reg["seeds"], "effect": reg["effect"], "design": reg["design"], "problems": conf["problems"]}
     if "amended" in conf:
         am = conf["amended"]

@@ -14,7 +14,7 @@ import numpy as np
 from lopd.analysis import stats as st
 from lopd.analysis.loading import series
 from lopd.analysis.plotdata import DYNAMICS_ARMS, MARGIN_ARMS
-from lopd.analysis.constraint import (BAND_FLOOR, BAND_FRAC, BETA_ZERO, LEVEL_FRAC, STATUSES, constraint_band,
+from lopd.analysis.constraint import (BAND_FLOOR, BAND_FRAC, BETA_ZERO, DRIFT_FRAC, SHARE, STATUSES, constraint_band,
                                       constraint_status)
 from lopd.analysis.render import finite, fmt, md_table
 
@@ -217,10 +217,12 @@ def _constraint_legend(m: float | None) -> list[str]:
     return ["Constraint status of each margin-active run over the last 25% of its steps (steps with a nan Δ(φ) or "
             f"β dropped), with band(m) = max({BAND_FRAC:g}·|m|, {BAND_FLOOR:g}) nats{at_m}, mean Δ = the window's "
             "mean Δ(φ), β change = least-squares slope of β × the window's step span:",
-            f"- **binds**: final β > {BETA_ZERO:g}, β levelled off (|β change| ≤ max({LEVEL_FRAC:g} × final β, "
-            f"{BETA_ZERO:g})) and |mean Δ − m| ≤ band;",
-            f"- **slack**: β ≤ {BETA_ZERO:g} throughout the window and mean Δ ≥ m (the margin holds without pressure);",
-            "- **degenerates**: β keeps rising (positive slope and last > first in the window) while mean Δ < m − band;",
+            f"- **binds**: β > ε = {BETA_ZERO:g} on ≥ {SHARE:.0%} of the window's steps, β level (|β change| ≤ "
+            f"max({DRIFT_FRAC:g} × mean β, ε)) and |mean Δ − m| ≤ band;",
+            f"- **slack**: β ≤ ε on ≥ {SHARE:.0%} of the steps and mean Δ ≥ m − band (the margin holds without "
+            "pressure; a noisy dip of Δ that lifts β for a step or two does not change it);",
+            f"- **degenerates**: β > ε on ≥ {SHARE:.0%} of the steps and rising beyond the level tolerance while mean "
+            "Δ < m − band (dual ascent only ramps β);",
             "- **unsettled**: none of these (what is off is given); **too short**: < 3 usable steps (or < 2 in the "
             "window); **no m**: the margin is unknown."]
 

@@ -171,3 +171,38 @@ def sensitivity_png(out: Path, best: dict) -> dict:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     save_fig(fig, out / "figures" / "sensitivity.png")
     return points
+
+
+STATUS_MARKERS = {"binds": "o", "slack": "s", "degenerates": "^", "unsettled": "x", "too short": ".", "": "."}
+
+
+def margin_dose_png(out: Path, info: dict) -> None:
+    """Val reward against m (log-scaled past 0 with a linear stretch near it), one line per η_β, each point's
+    marker its runs' majority constraint status; the reference arms as horizontal lines with their CI bands."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    lines, refs = info["lines"], info["references"]
+    cmap = [COLORS.get("lopd", "C0"), "C1", "C2", "C3", "C4", "C5", "C6"]
+    for i, (eta, by_m) in enumerate(lines.items()):
+        ms = sorted(by_m)
+        ax.plot(ms, [by_m[m]["mean"] for m in ms], "-", color=cmap[i % len(cmap)], lw=1.5, label=f"lopd η_β = {eta:g}")
+        for m in ms:
+            sts = [s for s in by_m[m]["statuses"]]
+            top = max(dict.fromkeys(sts), key=sts.count) if sts else ""
+            ax.errorbar([m], [by_m[m]["mean"]], yerr=[by_m[m]["ci_half"] or 0.0], fmt=STATUS_MARKERS.get(top, "."),
+                        color=cmap[i % len(cmap)], ms=7, capsize=3)
+    for j, (arm, r) in enumerate(refs.items()):
+        color = COLORS.get(arm, f"C{7 + j}")
+        ax.axhline(r["mean"], color=color, ls="--", lw=1.2, label=f"{arm} (n={r['n']})")
+        if r["ci_half"]:
+            ax.axhspan(r["mean"] - r["ci_half"], r["mean"] + r["ci_half"], color=color, alpha=0.1)
+    for status, mk in STATUS_MARKERS.items():
+        if status:
+            ax.plot([], [], mk, color="0.3", label=f"status: {status}")
+    if not lines:
+        _placeholder(ax, "MISSING: no margin runs in results/sensitivity/grid.csv")
+    elif any(m > 0 for by_m in lines.values() for m in by_m):
+        ax.set_xscale("symlog", linthresh=min(m for by_m in lines.values() for m in by_m if m > 0))
+    _finish_reward_axes(fig, ax, "margin m (nats per token)",
+                        "Margin dose-response on val: mean ± t 95% CI over seeds; marker = majority status",
+                        out / "figures" / "margin_dose.png", loc="upper left", bbox_to_anchor=(1.01, 1.0))

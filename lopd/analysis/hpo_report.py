@@ -79,7 +79,10 @@ def _margin_section(search: dict) -> list[str]:
                    "infeasible, it does not cap β.", ""]
     statuses = [s for tr in margins.values() for s in tr["status"]]
     counts = ", ".join(f"{s} {statuses.count(s)}" for s in dict.fromkeys(statuses))
-    md += [f"Across the search's {len(margins)} trials ({len(statuses)} runs): {counts}."]
+    md += [f"Across the search's {len(margins)} trials ({len(statuses)} runs): {counts}. No trial is pruned: a batch "
+           "trains its trials to the horizon together, so every trial keeps its value and shows its margin's status "
+           "(`docs/margin.md`: the rule counts shares of the last quarter's steps, so one noisy step does not decide "
+           "it).", "", *_grid_lines(search)]
     binds = [n for n, tr in margins.items() if "binds" in tr["status"]]
     reached = max(((tr["max_delta"], n) for n, tr in margins.items() if tr["max_delta"] is not None), default=None)
     positive = [tr["m"] for tr in margins.values() if tr["m"] is not None and tr["m"] > 0]
@@ -101,8 +104,36 @@ def _binding_lines(b: Binding | None) -> list[str]:
         return [f"**lopd_binding is not run: {b.reason}.**"]
     p = b.point or {}
     return [f"lopd_binding (the paper's mechanism) trains at trial {b.trial}, the best completed trial whose "
-            f"margin binds ({', '.join(b.statuses)}): m = {p.get('margin')}, K = {p.get('K')}, n_ret = "
-            f"{p.get('n_ret')}, lr = {p.get('lr_student')}, val reward {fmt(b.value, 4)}."]
+            f"margin binds ({', '.join(b.statuses)}): m = {p.get('margin')}, η_β = {p.get('eta_beta', '—')}, K = "
+            f"{p.get('K')}, n_ret = {p.get('n_ret')}, lr = {p.get('lr_student')}, val reward {fmt(b.value, 4)}."]
+
+
+def _grid_lines(search: dict) -> list[str]:
+    """The η_β × m grid the search tried: per cell, its trials' constraint statuses (one per seed) and the largest
+    Δ(φ) any of their runs reached (the evidence behind "binds" or its absence)."""
+    margins = search.get("margins") or {}
+    cells: dict[tuple[float, float], list] = {}
+    for t in search["trials"]:
+        m, eta = num(t.get("margin")), num(t.get("eta_beta"))
+        tr = margins.get(str(t.get("number")))
+        if m is None or eta is None or tr is None:
+            continue
+        c = cells.setdefault((eta, m), [[], []])
+        c[0] += tr["status"]
+        c[1] += [tr["max_delta"]] if tr["max_delta"] is not None else []
+    if not cells:
+        return []
+    etas, ms = sorted({e for e, _ in cells}), sorted({m for _, m in cells})
+
+    def cell(e, m):
+        c = cells.get((e, m))
+        if c is None:
+            return "—"
+        return _status_cell({"status": c[0]}) + (f"; max Δ {fmt(max(c[1]), 3)}" if c[1] else "")
+
+    return ["The η_β × m grid the search tried (each cell: its trials' status per seed, and the largest Δ(φ) their "
+            "runs reached):", "", md_table(["m", *(f"η_β = {e:g}" for e in etas)],
+                                           [[f"{m:g}", *(cell(e, m) for e in etas)] for m in ms]), ""]
 
 
 def search_metrics(search: dict | None) -> dict:
@@ -175,7 +206,7 @@ def _trials_table(search: dict, sel: Selection, axes: list[str], margins: dict |
                                                             if vs else "—"),
                      "yes" if str(t.get("tied_with_best")).lower() == "true" else "no",
                      *(str(t.get(k, "")) for k in axes), *m, "**selected**" if n == str(sel.selected) else ""])
-    names = {"margin": "m", "lr_student": "lr", "group_size": "group size"}
+    names = {"margin": "m", "lr_student": "lr", "group_size": "group size", "eta_beta": "η_β"}
     return md_table(["trial", "state", "val reward", "95% CI", "Δ vs best [CI]", "tied", *(names.get(a, a) for a in axes),
                      *([] if margins is None else ["constraint (per seed)", "max Δ(φ)", "β end"]), ""], rows)
 
@@ -268,7 +299,8 @@ def render_search(search: dict | None, runs: dict) -> str:
                f"{', '.join(map(str, sel.seeds))}, for both) has a {100 * (1 - sel.alpha):.0f}% t-interval over "
                "seeds holding 0. The tie rule chose among those ties.", ""]
     md += _verdict(sel) + [""] + _confirm_section(sel) + _margin_section(search) + ["## Trials", ""]
-    md.append(_trials_table(search, sel, ["margin", "K", "n_ret", "lr_student"], search.get("margins") or {}))
+    axes = [a for a in ("margin", "K", "n_ret", "lr_student", "eta_beta") if any(a in t for t in search["trials"])]
+    md.append(_trials_table(search, sel, axes, search.get("margins") or {}))
     if sel.unit == "seed":
         md += ["", "Val reward, 95% CI and Δ vs best: on the search's own seeds, paired over val tasks against the "
                "search's best trial. *tied*: tied by seed with the best confirmed trial (confirmed trials only: the "
@@ -356,7 +388,7 @@ def _tuning_table(search: dict, runs: dict) -> str:
                 how += "; m, K, n_ret, lr of the selected point"
             budget = budgets.get(arm, "?") + (" at the search's point" if sw.get("use_selected") else "")
         elif sw.get("use_selected") and sw.get("trains", True):
-            how = "the search's selected point (m, K, n_ret, student lr)"
+            how = "the search's selected point (m, K, n_ret, student lr, η_β)"
             budget = f"the search's ({search_budget})" if arm != "lopd" else search_budget
         elif not sw.get("trains", True):
             how, budget = "not trained", "—"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from lopd.analysis import dose
 from lopd.analysis.loading import num, read_csv_rows
 from lopd.analysis.render import arm_order
 from lopd.arms import ARMS
@@ -31,6 +32,7 @@ COLUMNS = {
     "margin_dynamics": ["step", "arm", "seed", "delta_phi", "beta", "margin_sat_frac"],
     "efficiency": ["rollouts_used", "arm", "seed", "val_reward"],
     "sensitivity": ["param", "value", "seed", "source", "val_reward"],
+    "margin_dose": dose.COLUMNS,
 }
 #: dvc plots: id -> (file, x, y, template, title). Templates live in .dvc/plots/<template>.json.
 PLOT_SPECS = {
@@ -44,6 +46,8 @@ PLOT_SPECS = {
                    "Validation reward vs rollouts used (mean over seeds, band min-max)"),
     "sensitivity": ("sensitivity", "value", "val_reward", "param_facet",
                     "Validation reward vs m, K, n_ret (grid mean, search trials as points)"),
+    "margin_dose": ("margin_dose", "margin", "val_reward", "arm_band",
+                    "Validation reward vs margin m, one line per eta_beta; reference arms flat"),
 }
 
 
@@ -97,6 +101,7 @@ def write_plot_data(out: Path, root: Path, runs) -> dict[str, int]:
         "margin_dynamics": _run_rows(runs, DYNAMICS_ARMS, "step", ["delta_phi", "beta", "margin_sat_frac"]),
         "efficiency": _run_rows(runs, EFFICIENCY_ARMS, "rollouts_used", ["val_reward"]),
         "sensitivity": sensitivity_rows(root),
+        "margin_dose": dose.dose_rows(root),
     }
     for name, rows in tables.items():
         write_csv(csv_path(out, name), rows, COLUMNS[name])
@@ -105,7 +110,7 @@ def write_plot_data(out: Path, root: Path, runs) -> dict[str, int]:
 
 def read_plot_csv(out: Path, name: str) -> list[dict]:
     """A plot CSV back from disk, numbers as floats (None where empty)."""
-    return [{c: (r[c] if c in ("arm", "param", "source") else num(r[c])) for c in COLUMNS[name]}
+    return [{c: (r[c] if c in ("arm", "param", "source", "status") else num(r[c])) for c in COLUMNS[name]}
             for r in read_csv_rows(csv_path(out, name))]
 
 

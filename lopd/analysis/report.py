@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lopd.analysis import audits, confirm_report, dynamics, figures, plotdata, hpo_report, tables, variance
+from lopd.analysis import audits, confirm_report, dose, dynamics, figures, plotdata, hpo_report, tables, variance
 from lopd.analysis.calibration import NULLS, design_rates
 from lopd.analysis.confirm_efficiency import confirm_efficiency, render_confirm_efficiency
 from lopd.analysis.falsification import Rule, analyse, ci_scope, margin_contrast_tests, render
@@ -51,6 +51,9 @@ INDEX = [("falsification.md", "the registration's hash, the confirmatory verdict
          ("seed_variance.md", "seed spread, evaluation-noise share, and the sd and smallest detectable effect of the "
                               "rule's per-seed contrasts"),
          ("margin_dynamics.md", "per-run flags: β unbounded, infeasible margin, Δ never reaching m"),
+         ("margin_dose.md", "the margin's dose-response on val: reward against m, one column per η_β, each point's "
+                            "constraint status, and lopd_frozen, lopd_nomargin, lopd_fixbeta beside it "
+                            "(figures/margin_dose.png)"),
          ("efficiency.md", "rollouts lopd needs to reach GRPO's final validation reward / GRPO's rollouts"),
          ("leakage_audit.md", "which stage depends on / read which split; split SHA-256; content overlap"),
          ("search.md", "every search trial's val reward with its CI, best vs runner-up, ties, boundary, tie rule; "
@@ -230,6 +233,9 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
     figures.efficiency_png(out, eff)
     figures.learning_curves_png(out)
     figures.sensitivity_png(out, plotdata.selected_point(root))
+    dose_info = dose.dose_response(plotdata.read_plot_csv(out, "margin_dose"))
+    write_text(out / "margin_dose.md", dose.render_dose_response(dose_info, plotdata.selected_point(root)))
+    figures.margin_dose_png(out, dose_info)
 
     pw = variance.rule_variance(fal, rp.alpha, rp.design.power)
     pilot_design = variance.pilot_design(fal, rp.design.effect, rp.alpha, rp.design.power, rp.design.n_seeds,
@@ -246,7 +252,10 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
         readme += [f"- {p}" for p in task_problems]
     readme += ["", "Plot data rows: " + ", ".join(f"{k} {v}" for k, v in plot_rows.items()) + "."]
     write_text(out / "README.md", "\n".join(readme))
-    extra = {"metrics_rows": metric_rows, "plot_rows": plot_rows, "confirmation": confirm_report.summary(conf)}
+    extra = {"metrics_rows": metric_rows, "plot_rows": plot_rows, "confirmation": confirm_report.summary(conf),
+             "margin_dose": {"lines": {f"{e:g}": {f"{m:g}": c for m, c in by_m.items()}
+                                       for e, by_m in dose_info["lines"].items()},
+                             "references": dose_info["references"]}}
     if params.bank.scripted_demos:  # the default report is unchanged
         _mark_path_check(out)
         extra["path_check"] = True

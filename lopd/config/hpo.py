@@ -11,7 +11,7 @@ from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Sectio
 
 
 class HpoParams(Section):
-    """Optuna TPE over margin, K, n_ret and the student learning rate, on the VALIDATION split only."""
+    """Optuna TPE over margin, K, n_ret, the student learning rate and η_β, on the VALIDATION split only."""
 
     n_trials: int = Field(ge=1, description="search trials in all (a rerun with more resumes the study)")
     seed: int = Field(ge=0, description="seed of the TPE sampler")
@@ -19,6 +19,9 @@ class HpoParams(Section):
     margin_choices: DistinctList[float, Bound(ge=0)] = Field(description="margins m searched (nats per token, ≥ 0)")
     k_choices: DistinctList[int, Bound(ge=1)] = Field(description="K searched: latent tokens per experience "
                                                                  "(each ≤ cold_start.k_max)")
+    eta_beta_choices: DistinctList[float, Bound(gt=0)] = Field(description=(
+        "η_β searched: the dual step of β ← max(0, β + η_β (m − Δ(φ))), on a log grid wide enough that a margin the "
+        "runs can reach moves β as fast as an open-loop ramp does"))
     n_ret_min: int = Field(ge=1, description="smallest n_ret searched (retrieved experiences per task)")
     n_ret_max: int = Field(ge=1, description="largest n_ret searched (≤ cold_start.n_ret_max)")
     lr_choices: DistinctList[float, Bound(gt=0)] = Field(description="student learning rates: searched for LOPD, "
@@ -32,9 +35,9 @@ class HpoParams(Section):
     searched_arms: DistinctOrEmptyList[str] = Field(description=(
         "arms searched like LOPD over their own coordinates (search_axes), with the same trial budget, seeds, "
         "confirmation, tie rule and boundary rule (lopd.hpo.search); LOPD itself always searches margin, K, "
-        "n_ret and lr_student"))
+        "n_ret, lr_student and eta_beta"))
     search_axes: dict[str, list[str]] = Field(description=(
-        "the coordinates each searched arm searches, of margin, K, n_ret, lr_student, group_size (each one the "
+        "the coordinates each searched arm searches, of margin, K, n_ret, lr_student, eta_beta, group_size (each one the "
         "arm reads); what it does not search it takes from LOPD's selection where it reads it, else train"))
     max_extensions: int = Field(ge=0, description=(
         "the boundary rule, registered before the search: a selected value on an edge of its coordinate's "
@@ -62,7 +65,9 @@ class HpoParams(Section):
                                                     "together, each × seeds_per_trial, as one population")
     steps: int | None = Field(ge=1, description="training steps per trial; null = train.steps (the final "
                                                 "runs' horizon)")
-    val_every: int = Field(ge=1, description="steps between intermediate val rewards (they feed the median pruner)")
+    val_every: int = Field(ge=1, description=(
+        "steps between a trial's intermediate val rewards (its learning curve; no pruner stops a trial: a batch "
+        "trains its members to the horizon together, so pruning saved no compute and only dropped values)"))
 
     @field_validator("baseline_arms")
     @classmethod
@@ -77,7 +82,8 @@ class HpoParams(Section):
     def _searches(cls, v):
         reads = {"margin": lambda a: a.margin, "K": lambda a: a.context == "latent",
                  "n_ret": lambda a: a.bank_mode != "none" and a.context in ("latent", "text"),
-                 "lr_student": lambda a: True, "group_size": lambda a: a.grouped}
+                 "lr_student": lambda a: True, "group_size": lambda a: a.grouped,
+                 "eta_beta": lambda a: a.margin and a.beta_schedule == "dual"}
         for arm, axes in v.items():
             spec = ARM_REGISTRY.get(arm)
             if spec is None or not spec.trains or arm == "lopd":
@@ -111,4 +117,19 @@ class SensitivityParams(Section):
     margins: list[float] = Field(description="margins m varied (nats per token), K and n_ret held at the selection")
     ks: list[int] = Field(description="K values varied, margin and n_ret held at the selection")
     n_rets: list[int] = Field(description="n_ret values varied, margin and K held at the selection")
+    eta_betas: DistinctOrEmptyList[float, Bound(gt=0)] = Field(description=(
+        "the margin's dose-response: every positive m of margins is run at each of these η_β too (the selected "
+        "η_β's are the margin axis itself), the other coordinates at the selection; each run's constraint status "
+        "is recorded"))
+    references: DistinctOrEmptyList[str] = Field(description=(
+        "arms trained beside the grid on its seeds, as the final runs train them (their selected or tuned point): "
+        "the dose-response's reference lines"))
     steps: int | None = Field(ge=1, description="training steps per grid run; null = train.steps")
+
+    @field_validator("references")
+    @classmethod
+    def _references(cls, v):
+        bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
+        if bad:
+            raise ValueError(f"sensitivity.references must be training arms; not training arms: {bad}")
+        return v

@@ -35,7 +35,8 @@ class TrainParams(Section):
                                          "when use_best_params is false")
     lambda_anchor: float = Field(ge=0.0, description="λ: weight of the anchor λ‖c_φ − c_φ0‖² keeping the "
                                                      "latents near the cold start")
-    eta_beta: float = Field(ge=0.0, description="η_β: dual-ascent step of β ← max(0, β + η_β (m − Δ(φ)))")
+    eta_beta: float = Field(ge=0.0, description="η_β: dual-ascent step of β ← max(0, β + η_β (m − Δ(φ))); used only "
+                                                "when use_best_params is false (else searched)")
     beta_init: float = Field(ge=0.0, description="β at step 0 (the margin's Lagrange multiplier)")
     beta_rate: float | None = Field(ge=0.0, description=(
         "lopd_ramp's open-loop slope: β_t = beta_init + beta_rate·t, Δ(φ) never read; null = η_β·m (the arm's m): "
@@ -68,7 +69,7 @@ class TrainParams(Section):
         "seeds; a baseline's rates x seeds; the sensitivity grid's points x seeds); the rest train in the next "
         "population. A memory knob for a real model on one device. null = all of them at once. The runs agree "
         "with any other grouping to the population tolerances (tests/integration/test_population.py), not to the bit"))
-    use_best_params: bool = Field(description="true: margin, K, n_ret and lr_student come from the search "
+    use_best_params: bool = Field(description="true: margin, K, n_ret, lr_student and eta_beta come from the search "
                                               "(hpo/best_params.yaml); false: from this section")
     per_seed_draws: bool = Field(description=(
         "true: training seed s of the final runs uses its own experience-bank and cold-start draw "
@@ -112,6 +113,7 @@ RUN_KEYS = ("steps", "tasks_per_step", "group_size", "lr_student", "lr_composer"
             "val_every", "val_tasks", "val_samples_per_task", "checkpoint_every", "beta_max", "infeasible_patience",
             "recompute_context_passes")
 SCHEDULE_KEYS = ("rollout_budget", "population_size")  # how many steps a run takes; how runs are batched
+SELECTED_KEYS = ("margin", "K", "n_ret", "lr_student", "eta_beta")  # the selected point's coordinates a run reads
 SOURCE_KEYS = ("use_best_params", "per_seed_draws")  # where a run's point and its upstream draw come from
 CONTROL_KEYS = ("beta_rate", "beta_fixed")  # the margin controls' β schedules (lopd_ramp, lopd_fixbeta)
 # what defines a search trial's training: a trial is lopd with dual ascent, on the shared draw

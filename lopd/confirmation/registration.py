@@ -42,7 +42,7 @@ def _h(obj) -> str:
 
 
 def _same_point(a: dict, b: dict) -> bool:
-    keys = ("margin", "K", "n_ret", "lr_student")
+    keys = ("margin", "K", "n_ret", "lr_student") + (("eta_beta",) if "eta_beta" in a and "eta_beta" in b else ())
     return all(float(a[k]) == float(b[k]) for k in keys)
 
 
@@ -51,12 +51,12 @@ def points_of_s(selection: Selection, trials: list[dict], margins: dict | None,
     """S, from the search's outputs only (val). Candidates: the selected trial; every trial tied with it by
     seed (``selection.tied``, the seed-aware tie test), by val rank (mean val reward over the confirmation
     seeds, then trial number); the best trial whose margin binds (``selection.binding_point``, if any). A trial whose point
-    (m, K, n_ret, lr) equals one already in S is a duplicate, not a new point. The selected point is always
+    (m, K, n_ret, lr, η_β) equals one already in S is a duplicate, not a new point. The selected point is always
     in S; the binding point, when one exists, takes a slot (it is the only test of a margin that binds);
     ties fill the rest by val rank up to ``cap``.
 
     Each point: name ``p<i>``, trial, role, the val value and seeds it rests on, m, K, n_ret, lr_student,
-    ``lr_frozen`` (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin
+    ``eta_beta`` (where the search searched it; else the final runs' ``train.eta_beta`` applies), ``lr_frozen`` (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin
     status on val (the statuses of its search runs). Also returns notes on what was left out and why."""
     by_number = {int(float(r["number"])): r for r in trials}
     intervals = selection.intervals or {}
@@ -73,6 +73,8 @@ def points_of_s(selection: Selection, trials: list[dict], margins: dict | None,
         p = {"trial": n, "role": role, "val_value": v, "val_seeds": k, "margin": float(r["margin"]),
              "K": int(float(r["K"])), "n_ret": int(float(r["n_ret"])), "lr_student": float(r["lr_student"]),
              "margin_status": sorted(set(m.get("status") or [])) or None, "max_delta": m.get("max_delta")}
+        if r.get("eta_beta") not in (None, ""):
+            p["eta_beta"] = float(r["eta_beta"])
         p["lr_frozen"] = float(frozen_lr) if frozen_lr is not None else p["lr_student"]
         return p
 

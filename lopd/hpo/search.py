@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from lopd.config.train import SELECTED_KEYS
 from lopd.hpo.boundary import AxisRule, extend, record
 from lopd.hpo.study import BASELINE_COLUMNS, horizon
 from lopd.utils import atomic_write_text, write_csv
@@ -39,11 +40,11 @@ if TYPE_CHECKING:
 def axis_rules(params: Params) -> dict[str, AxisRule]:
     """How each coordinate steps past an edge, and its natural bounds: m ≥ 0 (m = 0 is the unconstrained
     objective), 1 ≤ K ≤ cold_start.k_max, 1 ≤ n_ret ≤ cold_start.n_ret_max (what the cold start trained), a GRPO
-    group of at least 2 that divides the step's rollouts; the learning rate has none."""
+    group of at least 2 that divides the step's rollouts; the learning rate and η_β have none."""
     cs, tr = params.cold_start, params.train
     return {"margin": AxisRule("ratio", floor=0.0), "K": AxisRule("ratio", floor=1, ceil=cs.k_max, integer=True),
             "n_ret": AxisRule("difference", floor=1, ceil=cs.n_ret_max, integer=True),
-            "lr_student": AxisRule("ratio"),
+            "lr_student": AxisRule("ratio"), "eta_beta": AxisRule("ratio"),
             "group_size": AxisRule("ratio", floor=2, ceil=tr.tasks_per_step, integer=True, divides=tr.tasks_per_step)}
 
 
@@ -106,13 +107,13 @@ def search_arm(params: Params, res: Resources, arm: str, axes, out_dir: Path, *,
 
 
 def fixed_values(params: Params, arm: str, axes, sel: dict) -> dict:
-    """What ``arm``'s search holds fixed: LOPD's selected m, K, n_ret and learning rate where the arm reads the
+    """What ``arm``'s search holds fixed: LOPD's selected m, K, n_ret, learning rate and η_β where the arm reads the
     selected point (``use_selected``) and does not search them; otherwise the ``train`` params."""
     from lopd.arms import get_arm
 
     if not get_arm(arm).use_selected:
         return {}
-    return {k: sel[k] for k in ("margin", "K", "n_ret", "lr_student") if k not in axes}
+    return {k: sel[k] for k in SELECTED_KEYS if k not in axes and k in sel}
 
 
 def tuned_knob(params: Params, arm: str) -> tuple[str, list[float]]:
@@ -150,7 +151,7 @@ def tune_baselines(params: Params, res: Resources, sel: dict, out_dir: Path, par
               for arm, (axes, got) in (searched or {}).items()}
     for arm in params.hpo.baseline_arms:
         knob, values = tuned_knob(params, arm)
-        fixed = {k: sel[k] for k in ("margin", "K", "n_ret")} if get_arm(arm).use_selected else {}
+        fixed = {k: sel[k] for k in ("margin", "K", "n_ret", "eta_beta") if k in sel} if get_arm(arm).use_selected else {}
         if knob != "lr_student" and get_arm(arm).use_selected:
             fixed["lr_student"] = sel["lr_student"]
         chosen[arm] = _tune_knob(params, res, arm, knob, values, fixed, rows, parent_tracker)

@@ -206,8 +206,10 @@ def select_binding(trials: list[TrialScore], statuses: dict[int, list[str]], min
     reached = max(((d, n) for n, d in (max_delta or {}).items() if d is not None), default=None)
     positive = [float(t.point["margin"]) for t in trials if float(t.point.get("margin", 0.0)) > 0]
     any_bind = sorted(n for n, st in statuses.items() if "binds" in st)
+    etas = sorted({float(t.point["eta_beta"]) for t in trials if "eta_beta" in t.point})
     why = (f"no completed trial's margin binds in at least {min_frac:.0%} of its seeds"
            + (f" (binds in some seed: trial(s) {', '.join(map(str, any_bind))})" if any_bind else "")
            + (f"; the largest Δ(φ) any run reached is {reached[0]:.4f} (trial {reached[1]})" if reached else "")
-           + (f"; the smallest positive m tried is {min(positive):g}" if positive else "; no positive m was tried"))
+           + (f"; the smallest positive m tried is {min(positive):g}" if positive else "; no positive m was tried")
+           + (f"; η_β tried: {', '.join(f'{e:g}' for e in etas)}" if etas else ""))
     return Binding(trial=None, reason=why)

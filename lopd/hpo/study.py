@@ -1,5 +1,5 @@
-"""Validation-only search over the margin ``m``, latent tokens per experience ``K`` and
-retrieved experiences ``n_ret``.
+"""Validation-only search over the margin ``m``, latent tokens per experience ``K``,
+retrieved experiences ``n_ret``, the student learning rate and the dual step ``η_β``.
 
 Objective: the LOPD student's mean reward on the **validation** split at the final runs' horizon
 (``hpo.steps``, null = ``train.steps``), averaged over ``hpo.seeds_per_trial`` seeds, every val task
@@ -8,8 +8,10 @@ random numbers). Trials are asked ``hpo.trials_per_batch`` at a time (TPE with `
 a batch's trials × seeds train as one population (:mod:`lopd.population`). Each trial keeps its
 per-task rewards (user attribute ``val_per_task``), so the selection (:mod:`lopd.hpo.selection`)
 compares trials paired by task and applies the tie rule registered in ``hpo.tie_rule``. Intermediate
-validation rewards (a trial's mean over its seeds) feed Optuna's median pruner; a pruned trial's
-members finish with their batch, but the trial keeps no value.
+validation rewards (a trial's mean over its seeds) are reported to Optuna as the trial's learning curve, but
+no pruner judges them: a batch trains its members to the horizon together, so a pruned trial saved no compute
+and only lost its value, and a verdict at the first validation (step 24 of 96) came before β had moved, so
+the margin could not show its status (every trial now keeps its value and its margin's path).
 
 Every arm of ``hpo.searched_arms`` is searched like LOPD over its own coordinates, with the same budget, and
 the boundary rule extends any search whose selection sits on an edge (:mod:`lopd.hpo.search`); the arms of
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 
 
 TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "confirmed_value", "confirmed_seeds",
-                 "tied_with_best", "margin", "K", "n_ret", "lr_student"]
+                 "tied_with_best", "margin", "K", "n_ret", "lr_student", "eta_beta"]
 CONFIRM_COLUMNS = ["trial", "seed", "source", "val_reward"]
 BASELINE_COLUMNS = ["arm", "knob", "knob_value", "seed", "val_reward"]
 MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
@@ -53,7 +55,7 @@ def horizon(params: Params) -> int:
     return params.hpo.steps or params.train.steps
 
 
-LOPD_AXES = ("margin", "K", "n_ret", "lr_student")
+LOPD_AXES = ("margin", "K", "n_ret", "lr_student", "eta_beta")
 
 
 def space(params: Params, axes: tuple[str, ...] | list[str] = LOPD_AXES) -> dict:
@@ -62,7 +64,7 @@ def space(params: Params, axes: tuple[str, ...] | list[str] = LOPD_AXES) -> dict
     hp = params.hpo
     full = {"margin": list(hp.margin_choices), "K": list(hp.k_choices),
             "n_ret": list(range(hp.n_ret_min, hp.n_ret_max + 1)), "lr_student": list(hp.lr_choices),
-            "group_size": list(hp.group_size_choices)}
+            "eta_beta": list(hp.eta_beta_choices), "group_size": list(hp.group_size_choices)}
     return {a: full[a] for a in axes}
 
 
@@ -154,7 +156,7 @@ def run_search(params: Params, res: Resources, *, storage: str, dep_files: list[
         return optuna.samplers.TPESampler(seed=hp.seed + n_finished, n_startup_trials=min(8, hp.n_trials),
                                           constant_liar=True)  # RUNNING trials of a batch steer the next asks
 
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
+    pruner = search_pruner()
     space_ = space(params) if space_ is None else space_
     fixed = dict(fixed or {})
     from lopd.hpo.batches import adopt_trials, n_finished, queue_points
@@ -194,6 +196,13 @@ def run_search(params: Params, res: Resources, *, storage: str, dep_files: list[
                 suggest=suggest, train=train, make_sampler=None if worker else make_sampler,
                 on_batch=on_batch, fail_stale=False)
     return study
+
+
+def search_pruner():
+    """Optuna's pruner of every search: none judges a trial (the module docstring says why)."""
+    import optuna
+
+    return optuna.pruners.NopPruner()
 
 
 def by_group_size(points: list[dict]) -> list[list[int]]:
@@ -326,7 +335,8 @@ def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list
              else None, "confirmed_seeds": len(per_seed[t.number]) if per_seed and t.number in per_seed else None,
              "tied_with_best": t.number in tied, **t.point}
             for t in scores]
-    columns = TRIAL_COLUMNS[:-4] + [a for a in ("margin", "K", "n_ret", "lr_student", "group_size") if a in space_]
+    columns = TRIAL_COLUMNS[:-5] + [a for a in ("margin", "K", "n_ret", "lr_student", "eta_beta", "group_size")
+                                    if a in space_]
     write_csv(out_dir / "trials.csv", [{k: r.get(k) for k in columns} for r in rows], columns)
     paths_rows = margin_path_rows(done) if "margin" in space_ else []
     write_csv(out_dir / "margin_paths.csv", paths_rows, MARGIN_PATH_COLUMNS)
@@ -358,7 +368,8 @@ def _num(v):
 def _point(p: dict, params: Params) -> dict:
     """A trial's point as the final runs read it (``best_params.yaml``)."""
     return {"margin": float(p["margin"]), "K": int(p["K"]), "n_ret": int(p["n_ret"]),
-            "lr_student": float(p.get("lr_student", params.train.lr_student))}
+            "lr_student": float(p.get("lr_student", params.train.lr_student)),
+            "eta_beta": float(p.get("eta_beta", params.train.eta_beta))}
 
 
 def margin_path_rows(trials) -> list[dict]:

@@ -24,7 +24,7 @@ def point_hparams(reg: dict, point: dict, arm: str) -> dict:
     if arm == eff.get("baseline"):
         hp = dict(eff["baseline_hparams"])
     else:
-        hp = {"margin": point["margin"], "K": point["K"], "n_ret": point["n_ret"], "lr_student": point["lr_student"]}
+        hp = {k: point[k] for k in ("margin", "K", "n_ret", "lr_student", "eta_beta") if k in point}
         if arm == "lopd_frozen":
             hp["lr_student"] = point["lr_frozen"]
     steps = regmod.snapshot_steps(reg, point["name"], arm)

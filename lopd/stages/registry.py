@@ -179,8 +179,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("probe", "probe", deps=(*SPLITS, "models/base", "models/bank", "models/cold_start", "hpo/best_params.yaml"),
           params=(*RUN, "probe", "train.K", "train.n_ret", "train.use_best_params"), outs=("results/probe",)),
     Stage("sensitivity", "sensitivity",
-          deps=(*SPLITS, "models/base", "models/bank", "models/cold_start", "hpo/best_params.yaml"),
-          params=(*RUN, *TRAIN_LOOP, "sensitivity"), outs=("results/sensitivity",)),
+          deps=(*SPLITS, "models/base", "models/bank", "models/cold_start", "hpo/best_params.yaml",
+                "hpo/baselines.yaml"),
+          params=(*RUN, *TRAIN_LOOP, "train.use_best_params", "sensitivity"), outs=("results/sensitivity",)),
     Stage("code_train", "fingerprint", "code_train", fingerprints="train",
           params=(*RUN, *TRAIN_LOOP, "train.use_best_params"), uncached_outs=("fingerprints/train.json",),
           doc="One fingerprint per matrix stage kind: the lopd code and the params every train (evaluate) item reads "
@@ -239,7 +240,8 @@ STAGES: tuple[Stage, ...] = (
                   "bank.rollouts_per_task"),
           uncached_outs=("reports/main_table.md", "reports/main_table.tex", "reports/comparisons.md",
                          "reports/falsification.md", "reports/seed_variance.md", "reports/leakage_audit.md",
-                         "reports/margin_dynamics.md", "reports/efficiency.md", "reports/search.md", "reports/figures",
+                         "reports/margin_dynamics.md", "reports/margin_dose.md", "reports/efficiency.md",
+                         "reports/search.md", "reports/figures",
                          "reports/plots", "reports/summary.json", "reports/README.md"),
           metrics=("reports/metrics",)),
 )
@@ -258,6 +260,8 @@ PLOTS: tuple[dict, ...] = (
                     "title": "Validation reward vs rollouts used (mean over seeds, band min-max)"}},
     {"sensitivity": {"template": "param_facet", "x": "value", "y": {"reports/plots/sensitivity.csv": "val_reward"},
                      "title": "Validation reward vs m, K, n_ret (grid mean, search trials as points)"}},
+    {"margin_dose": {"template": "arm_band", "x": "margin", "y": {"reports/plots/margin_dose.csv": "val_reward"},
+                     "title": "Validation reward vs margin m, one line per eta_beta; reference arms flat"}},
 )
 
 

@@ -1,4 +1,6 @@
-"""Stage ``sensitivity``: one-at-a-time validation grid around the selected point (m, K, n_ret)."""
+"""Stage ``sensitivity``: the validation grid around the selected point: each of m, K and n_ret varied alone,
+the margin's dose-response (every positive m at each ``sensitivity.eta_betas``), and the reference arms
+(``sensitivity.references``) trained beside it on its seeds."""
 
 from __future__ import annotations
 
@@ -13,16 +15,20 @@ if TYPE_CHECKING:
     from lopd.training.trainer import Resources
 
 
-GRID_COLUMNS = ["axis", "margin", "K", "n_ret", "lr_student", "seed", "val_reward"]
+GRID_COLUMNS = ["axis", "arm", "margin", "K", "n_ret", "lr_student", "eta_beta", "seed", "val_reward", "constraint"]
 
 
 def grid_points(sel: dict, sp) -> list[tuple[str, dict]]:
-    """Each axis varied alone, the others held at the selected point."""
+    """Each axis varied alone, the others held at the selected point; then (axis ``dose``) every positive m of
+    ``sp.margins`` at each η_β of ``sp.eta_betas`` other than the selected one (whose m line is the margin axis)."""
     base = {"margin": sel["margin"], "K": sel["K"], "n_ret": sel["n_ret"]}
-    if "lr_student" in sel:
-        base["lr_student"] = sel["lr_student"]
+    for k in ("lr_student", "eta_beta"):
+        if k in sel:
+            base[k] = sel[k]
     axes = [("margin", m) for m in sp.margins] + [("K", k) for k in sp.ks] + [("n_ret", n) for n in sp.n_rets]
-    return [(axis, {**base, axis: v}) for axis, v in axes]
+    dose = [("dose", {**base, "margin": m, "eta_beta": eta}) for eta in sp.eta_betas if eta != base.get("eta_beta")
+            for m in sp.margins if m > 0]
+    return [(axis, {**base, axis: v}) for axis, v in axes] + dose
 
 
 def run(params: Params, paths: Paths) -> dict:
@@ -38,6 +44,7 @@ def run(params: Params, paths: Paths) -> dict:
                                               "bank_mode": "relevant", "params_hash": params.section_hash()})
     try:
         rows = _run_grid(params, res, sel, tracker.run_id)
+        rows += _run_references(params, res, paths, tracker.run_id)
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -48,10 +55,20 @@ def run(params: Params, paths: Paths) -> dict:
     return {"n_runs": len(rows)}
 
 
+def _status(score, margin) -> str:
+    """The run's margin constraint status over its last quarter (:func:`lopd.analysis.constraint.constraint_status`)."""
+    import numpy as np
+
+    from lopd.analysis.constraint import constraint_status
+
+    hist = {k: np.asarray(v, dtype=float) for k, v in score.margin_path.items()}
+    return constraint_status(hist, None if margin is None else float(margin))["status"]
+
+
 def _run_grid(params: Params, res: Resources, sel: dict, parent_run_id: str | None) -> list[dict]:
     """Every grid point × seed trained on train and scored on val, as one population."""
     from lopd.population.points import train_points
-    from lopd.tracking.names import sensitivity_run
+    from lopd.tracking.names import point_label, sensitivity_run
 
     sp = params.sensitivity
     grid = grid_points(sel, sp)
@@ -59,11 +76,41 @@ def _run_grid(params: Params, res: Resources, sel: dict, parent_run_id: str | No
 
     def naming(p: int, seed: int) -> tuple[dict, str]:
         axis, point = grid[p]
+        if axis == "dose":
+            return ({"stage": "sensitivity", "axis": axis, "split": "val"},
+                    f"sensitivity · {point_label({k: point[k] for k in ('margin', 'eta_beta')})} · seed {seed}")
         return {"stage": "sensitivity", "axis": axis, "split": "val"}, sensitivity_run(axis, point[axis], seed)
 
     # the grid's training seeds: 2000 + s (the search's are 1000 + s, the final runs' s)
     scores = train_points(params, res, "lopd", [point for _, point in grid], [2000 + s for s in sp.seeds],
                           steps=steps, val_every=steps, naming=naming, parent_run_id=parent_run_id,
                           label="sensitivity grid")
-    return [{"axis": axis, **point, "seed": seed, "val_reward": sc.val_reward}
+    return [{"axis": axis, "arm": "lopd", **point, "seed": seed, "val_reward": sc.val_reward,
+             "constraint": _status(sc, point["margin"])}
             for (axis, point), per_seed in zip(grid, scores) for seed, sc in zip(sp.seeds, per_seed)]
+
+
+def _run_references(params: Params, res: Resources, paths: Paths, parent_run_id: str | None) -> list[dict]:
+    """Each arm of ``sensitivity.references`` at the point the final runs train it at (selected, or tuned:
+    :func:`lopd.training.run.selected_hparams`), on the grid's seeds and horizon; one population per arm."""
+    from lopd.arms import get_arm
+    from lopd.population.points import train_points
+    from lopd.training.run import selected_hparams
+
+    sp = params.sensitivity
+    steps, rows = sp.steps or params.train.steps, []
+    for arm in sp.references:
+        spec = get_arm(arm)
+        point = selected_hparams(params, paths.hpo / "best_params.yaml", spec)
+
+        def naming(p: int, seed: int, arm=arm) -> tuple[dict, str]:
+            return {"stage": "sensitivity", "axis": "reference", "split": "val"}, f"sensitivity · {arm} · seed {seed}"
+
+        (per_seed,) = train_points(params, res, arm, [point], [2000 + s for s in sp.seeds], steps=steps,
+                                   val_every=steps, naming=naming, parent_run_id=parent_run_id,
+                                   label=f"sensitivity reference {arm}")
+        hp = {k: point.get(k, getattr(params.train, k)) for k in ("margin", "K", "n_ret", "lr_student", "eta_beta")}
+        rows += [{"axis": "reference", "arm": arm, **hp, "seed": seed, "val_reward": sc.val_reward,
+                  "constraint": _status(sc, hp["margin"]) if spec.margin else None}
+                 for seed, sc in zip(sp.seeds, per_seed)]
+    return rows

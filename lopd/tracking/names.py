@@ -36,8 +36,8 @@ def _num(v) -> str:
 
 
 def point_label(point: dict) -> str:
-    """``m=0.05 K=8 n_ret=3 lr=0.002``: the keys of a search point that ``point`` holds."""
-    short = {"margin": "m", "K": "K", "n_ret": "n_ret", "lr_student": "lr"}
+    """``m=0.05 K=8 n_ret=3 lr=0.002 η_β=5``: the keys of a search point that ``point`` holds."""
+    short = {"margin": "m", "K": "K", "n_ret": "n_ret", "lr_student": "lr", "eta_beta": "η_β"}
     return " ".join(f"{label}={_num(point[k])}" for k, label in short.items() if k in point)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lopd.config import Params
+from lopd.config.train import SELECTED_KEYS
 from lopd.errors import BadInput
 from lopd.utils import atomic_write_text, write_json
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
-    """What the validation search chose for ``arm``: m, K, n_ret and the student learning rate for the
+    """What the validation search chose for ``arm``: m, K, n_ret, the student learning rate and η_β for the
     arms that use the selected point (``best_params.yaml``); an arm tuned as a baseline
     (``baselines.yaml`` beside it lists it) takes what it was tuned over from there: what its own search
     selected (e.g. lopd_frozen's K, n_ret and learning rate, GRPO's group size), or lopd_fixbeta its held β."""
@@ -44,7 +45,7 @@ def selected_hparams(params: Params, best_params_file: Path, arm) -> dict:
             if best["binding"] is None:
                 raise BadInput(f"arm {arm.name} has no point: {best.get('binding_reason', 'no trial binds')}")
             best = best["binding"]
-        out = {k: best[k] for k in ("margin", "K", "n_ret", "lr_student") if k in best}
+        out = {k: best[k] for k in SELECTED_KEYS if k in best}
     tuned = best_params_file.with_name("baselines.yaml")
     if tuned.exists():
         own = (yaml.safe_load(tuned.read_text()) or {}).get(arm.name)

@@ -20,7 +20,9 @@ cannot hold), skips saying so.
 A change that moves numbers on purpose rewrites the reference, from the same run:
 ``LOPD_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/e2e/test_golden.py`` (the test then skips,
 naming the file it wrote: this vendor's); commit the new file with the change and say why in its message.
-A number-moving change must rewrite every vendor's reference, each on a machine of that vendor.
+A number-moving change must rewrite every vendor's reference, each on a machine of that vendor; one it cannot
+rewrite (no machine of that vendor at hand) is deleted with it, so that vendor skips, saying so, until a session
+on one records it again (``docs/benchmarks.md``, "Golden digests per CPU vendor").
 """
 
 from __future__ import annotations

@@ -401,12 +401,12 @@ def test_missing_report_artifact_is_bad_input(make_params):
 _READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
     "experiment": r"workspace @ [0-9a-f]{7} · params [0-9a-f]{8}",
     "base": "base", "cold_start": r"cold start( · draw \d+)?", "probe": "probe",
-    "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+",
+    "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+( η_β=\S+)?",
     "hpo-baselines": r"baseline \w+ · (lr|β)=\S+ · seed \d+",
-    "hpo-confirm": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+ · seed \d+",  # a confirmed trial's more seeds
+    "hpo-confirm": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+( η_β=\S+)? · seed \d+",  # a confirmed trial's more seeds
     "hpo-sft": r"trial \d+ · lr=\S+( · seed \d+)?",  # an arm's own search (profiles/smoke.yaml: sft's)
     "hpo-sft-confirm": r"trial \d+ · lr=\S+ · seed \d+",
-    "sensitivity": r"sensitivity( · (margin|K|n_ret)=\S+ · seed \d+)?",
+    "sensitivity": r"sensitivity( · ((margin|K|n_ret)=\S+|m=\S+ η_β=\S+|lopd\w*) · seed \d+)?",
     "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+",
     "confirm_train": r"confirm p\d+ · \w+ · seed \d+"}  # the confirmation's runs, one name per point
 
@@ -435,7 +435,8 @@ def test_smoke_pipeline_store_reads_as_one_named_tree(smoke_recorded, tmp_path):
     by_stage: dict[str, list] = {}
     for r in runs.values():
         by_stage.setdefault(r.data.tags["stage"], []).append(r)
-    assert len(by_stage["sensitivity"]) == 1 + 3  # the grid's holder and its margin, K and n_ret runs
+    # the grid's holder and one run per row of grid.csv: its margin, K, n_ret, dose-response and reference runs
+    assert len(by_stage["sensitivity"]) == 1 + len((repo / "results/sensitivity/grid.csv").read_text().splitlines()) - 1
     holder = next(r for r in by_stage["sensitivity"] if r.info.run_name == "sensitivity")
     grid = [r for r in by_stage["sensitivity"] if r is not holder]
     assert {r.data.tags["mlflow.parentRunId"] for r in grid} == {holder.info.run_id}

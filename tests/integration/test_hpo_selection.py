@@ -103,7 +103,8 @@ def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path)
     study = _study((TrialState.COMPLETE, 0.0, same), (TrialState.PRUNED, 0.5, [1.0] * 4),
                    (TrialState.COMPLETE, 0.2, same), (TrialState.COMPLETE, 0.05, same))
     best = write_outputs(study, tmp_path, _params("median_margin"))
-    assert best == {"margin": 0.05, "K": 8, "n_ret": 2, "lr_student": 0.002, "value": 0.5, "trial": 3,
+    # eta_beta: these trials did not search it (a journal written before it was searched): train.eta_beta
+    assert best == {"margin": 0.05, "K": 8, "n_ret": 2, "lr_student": 0.002, "eta_beta": 0.5, "value": 0.5, "trial": 3,
                     "tie_count": 3, "tie_rule": "median_margin", "tie_unit": "task", "value_seeds": 2,
                     "selected_on": "val", "binding": None,
                     "binding_reason": "no completed trial's margin binds in at least 50% of its seeds; the smallest "
@@ -124,6 +125,56 @@ def test_write_outputs_reports_ties_and_selects_by_the_registered_rule(tmp_path)
     assert "`hpo.tie_rule: median_margin`" in md
     with pytest.raises(RunFailed, match="finished no trial"):
         write_outputs(_study((TrialState.PRUNED, 0.0, same)), tmp_path, _params("best"))
+
+
+def test_the_searched_eta_beta_reaches_best_params_the_final_runs_and_the_ramp(tmp_path):
+    """η_β is a coordinate of lopd's search: the selected trial's η_β is written to best_params.yaml and
+    trials.csv, the no-binding reason names the η_β tried, every arm that reads the selected point trains with it,
+    and lopd_ramp's slope is η_β·m of the selected point (5 × 0.2 = 1.0 per step)."""
+    import types
+
+    from lopd.arms import get_arm
+    from lopd.training.run import selected_hparams
+    from lopd.training.trainer import HParams, Trainer
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists = {**DISTS, "eta_beta": CategoricalDistribution([0.5, 5.0])}
+    study = optuna.create_study(direction="maximize")
+    for margin, eta, v in ((0.05, 0.5, 0.2), (0.2, 5.0, 0.6)):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=v, distributions=dists,
+                                     params={"margin": margin, "K": 8, "n_ret": 2, "lr_student": 0.002, "eta_beta": eta},
+                                     user_attrs={"val_per_task": [v - 0.1, v + 0.1, v, v]}))
+    p = default_params({"hpo": {"margin_choices": SPACE["margin"], "k_choices": [4, 8], "n_ret_min": 1, "n_ret_max": 3,
+                                "lr_choices": [0.001, 0.002], "eta_beta_choices": [0.5, 5.0], "tie_rule": "best"},
+                        "train": {"use_best_params": True, "eta_beta": 0.5}})
+    best = write_outputs(study, tmp_path, p)
+    assert best["trial"] == 1 and best["eta_beta"] == 5.0 and best["margin"] == 0.2
+    assert "η_β tried: 0.5, 5" in best["binding_reason"]
+    with open(tmp_path / "trials.csv", newline="") as f:
+        assert [float(r["eta_beta"]) for r in csv.DictReader(f)] == [0.5, 5.0]
+    for arm in ("lopd", "lopd_ramp", "lopd_shuffled"):
+        assert selected_hparams(p, tmp_path / "best_params.yaml", get_arm(arm))["eta_beta"] == 5.0, arm
+    hp = HParams.from_params(p, **selected_hparams(p, tmp_path / "best_params.yaml", get_arm("lopd_ramp")))
+    assert hp.eta_beta == 5.0 and hp.beta_rate is None
+    assert Trainer.beta_rate(types.SimpleNamespace(hp=hp, margin=hp.margin)) == pytest.approx(1.0)
+
+
+def test_the_search_never_prunes_a_trial():
+    """The search's pruner judges no trial (lopd.hpo.study.search_pruner): a batch trains its trials to the horizon
+    together, so pruning saved nothing, and a verdict at the first validation came before β had moved. Planted
+    fault: ``MedianPruner(n_startup_trials=4, n_warmup_steps=1)`` back; the worst trial is then pruned at step 24."""
+    from lopd.hpo.study import search_pruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", pruner=search_pruner())
+    for v in (0.5, 0.6, 0.7, 0.8, 0.9):
+        t = study.ask()
+        t.report(v, 24)
+        study.tell(t, v)
+    worst = study.ask()
+    for step in (24, 48):
+        worst.report(0.0, step)
+        assert not worst.should_prune()
 
 
 def test_baseline_learning_rates_are_tuned_on_val_only_and_used_by_the_final_runs(workspace, tmp_path):

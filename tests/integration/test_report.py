@@ -176,12 +176,15 @@ def _write_side_inputs(root: Path, rng, hpo: bool, sensitivity: bool, hpo_test_d
         _wcsv(root / "hpo" / "trials.csv", ["number", "state", "value", "margin", "K", "n_ret"], trials)
         (root / "hpo" / "best_params.yaml").write_text(yaml.safe_dump({"margin": MARGIN, "K": 8, "n_ret": 3}))
     if sensitivity:
-        point = {"margin": MARGIN, "K": 8, "n_ret": 3}
-        grid = [[axis, *[v if a == axis else point[a] for a in point], s, 0.6 - 0.01 * v + rng.normal(0, 0.01)]
-                for axis, vals in (("margin", [0.0, 0.05, 0.2]), ("K", [4, 8, 16]), ("n_ret", [1, 3, 5]))
+        point = {"margin": MARGIN, "K": 8, "n_ret": 3, "eta_beta": 5.0}
+        grid = [[axis, "lopd", *[v if a == axis else point[a] for a in point], s, 0.6 - 0.01 * v + rng.normal(0, 0.01),
+                 "binds"] for axis, vals in (("margin", [0.0, 0.05, 0.2]), ("K", [4, 8, 16]), ("n_ret", [1, 3, 5]))
                 for v in vals for s in (0, 1)]
-        _wcsv(root / "results" / "sensitivity" / "grid.csv", ["axis", "margin", "K", "n_ret", "seed", "val_reward"],
-              grid)
+        grid += [["dose", "lopd", m, 8, 3, 50.0, s, 0.55 + rng.normal(0, 0.01), "degenerates"] for m in (0.05, 0.2)
+                 for s in (0, 1)]
+        grid += [["reference", "lopd_frozen", MARGIN, 8, 3, 5.0, s, 0.5, ""] for s in (0, 1)]
+        _wcsv(root / "results" / "sensitivity" / "grid.csv",
+              ["axis", "arm", "margin", "K", "n_ret", "eta_beta", "seed", "val_reward", "constraint"], grid)
 
 
 def make_fixture(root: Path, *, n_seeds: int = 10, effect: float = 0.3, null: bool = False, gain: bool = True,

@@ -54,8 +54,8 @@ def test_a_tie_goes_to_the_earliest_trial(tmp_path):
     (position 1) is selected; a later trial with the same value never replaces it."""
     study = _study((C, 0.5, 0.0, 2, 1), (C, 0.75, 0.1, 4, 2), (C, 0.25, 0.2, 8, 3), (C, 0.75, 0.05, 8, 4))
     sel = write_outputs(study, tmp_path, _params())
-    lr = _params().train.lr_student  # not searched here: the train default
-    want = {"margin": 0.1, "K": 4, "n_ret": 2, "lr_student": lr, "value": 0.75, "trial": 1, "tie_count": 2,
+    lr, eta = _params().train.lr_student, _params().train.eta_beta  # not searched here: the train defaults
+    want = {"margin": 0.1, "K": 4, "n_ret": 2, "lr_student": lr, "eta_beta": eta, "value": 0.75, "trial": 1, "tie_count": 2,
             "tie_rule": "best", "tie_unit": "task", "value_seeds": _params().hpo.seeds_per_trial, "selected_on": "val",
             "binding": None,  # no margin paths recorded: no binding trial
             "binding_reason": "no completed trial's margin binds in at least 50% of its seeds; the smallest "
