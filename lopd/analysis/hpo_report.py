@@ -33,18 +33,18 @@ def load_search(root: Path) -> dict | None:
     if not sel_path.exists():
         return None
     base_path, paths = root / "hpo" / "baselines.yaml", root / "hpo" / "margin_paths.csv"
-    runs_path, confirm_path = root / "hpo" / "baselines.csv", root / "hpo" / "confirm.csv"
+    runs_path, reruns_path = root / "hpo" / "baselines.csv", root / "hpo" / "reruns.csv"
     arms = {}
     for d in sorted((root / "hpo" / "arms").glob("*/selection.json")):  # every other arm's own search
         a = d.parent
         arms[a.name] = {"selection": Selection.from_json(json.loads(d.read_text())), "trials": read_csv_rows(a / "trials.csv"),
-                        "confirm": read_csv_rows(a / "confirm.csv") if (a / "confirm.csv").exists() else None}
+                        "reruns": read_csv_rows(a / "reruns.csv") if (a / "reruns.csv").exists() else None}
     return {"selection": Selection.from_json(json.loads(sel_path.read_text())),
             "trials": read_csv_rows(root / "hpo" / "trials.csv"),
             "baselines": (yaml.safe_load(base_path.read_text()) or {}) if base_path.exists() else None,
             "margins": trial_margins(read_csv_rows(paths)) if paths.exists() else None,
             "baseline_runs": read_csv_rows(runs_path) if runs_path.exists() else None,
-            "confirm": read_csv_rows(confirm_path) if confirm_path.exists() else None, "arms": arms}
+            "reruns": read_csv_rows(reruns_path) if reruns_path.exists() else None, "arms": arms}
 
 
 def _status_cell(t: dict | None) -> str:
@@ -220,11 +220,11 @@ def _arm_sections(search: dict) -> list[str]:
         md += [f"## {arm}'s own search ({', '.join(axes)})", "",
                f"{len(s['trials'])} trials on val; {arm} has no privilege margin, so its trials have no constraint "
                "status." if "margin" not in axes else f"{len(s['trials'])} trials on val.", "", *_verdict(sel), ""]
-        md += _confirm_section(sel, "###")
+        md += _rerun_section(sel, "###")
         md += ["### Trials", "", _trials_table(s, sel, axes, None), ""]
         if sel.unit == "seed":
             md += ["Val reward, CI and Δ vs best: on the search's own seeds, paired over val tasks; *tied*: by seed "
-                   "with the best confirmed trial.", ""]
+                   "with the best rerun trial.", ""]
     return md
 
 
@@ -263,14 +263,14 @@ def _knob_sections(search: dict) -> list[str]:
     return md
 
 
-def _confirm_section(sel: Selection, heading: str = "##") -> list[str]:
-    """The confirmed trials: each one's mean over every seed, its per-seed values and its difference to the best
+def _rerun_section(sel: Selection, heading: str = "##") -> list[str]:
+    """The rerun trials: each one's mean over every seed, its per-seed values and its difference to the best
     by seed (the test the selection ties by)."""
     if sel.unit != "seed":
         return []
     level = f"{100 * (1 - sel.alpha):.0f}%"
     rows = []
-    for n in sel.confirmed:
+    for n in sel.rerun:
         k, vs = str(n), sel.vs_best.get(str(n))
         p = sel.per_seed[k]
         rows.append([k, fmt(sum(p) / len(p), 4),
@@ -293,17 +293,17 @@ def render_search(search: dict | None, runs: dict) -> str:
            f"{100 * (1 - sel.alpha):.0f}% t-interval holding 0.", ""]
     if sel.unit == "seed":
         md += [f"That task-paired test sees the tasks' noise on a mean over the search's few seeds, and a trial's "
-               f"seed moves its value more. So the search's {len(sel.confirmed)} best trials were rerun on more "
+               f"seed moves its value more. So the search's {len(sel.rerun)} best trials were rerun on more "
                f"seeds, and the selection among them takes **the seed as the unit**: two trials are tied when the "
                f"difference of their per-seed mean val rewards (the same {len(sel.seeds)} seeds, "
                f"{', '.join(map(str, sel.seeds))}, for both) has a {100 * (1 - sel.alpha):.0f}% t-interval over "
                "seeds holding 0. The tie rule chose among those ties.", ""]
-    md += _verdict(sel) + [""] + _confirm_section(sel) + _margin_section(search) + ["## Trials", ""]
+    md += _verdict(sel) + [""] + _rerun_section(sel) + _margin_section(search) + ["## Trials", ""]
     axes = [a for a in ("margin", "K", "n_ret", "lr_student", "eta_beta") if any(a in t for t in search["trials"])]
     md.append(_trials_table(search, sel, axes, search.get("margins") or {}))
     if sel.unit == "seed":
         md += ["", "Val reward, 95% CI and Δ vs best: on the search's own seeds, paired over val tasks against the "
-               "search's best trial. *tied*: tied by seed with the best confirmed trial (confirmed trials only: the "
+               "search's best trial. *tied*: tied by seed with the best rerun trial (rerun trials only: the "
                "table above)."]
     values = {num(t.get("value")) for t in search["trials"] if t.get("state") == "COMPLETE"}
     if len(values) == 1 and len([t for t in search["trials"] if t.get("state") == "COMPLETE"]) > 1:
@@ -328,11 +328,11 @@ def _beta_cell(hp: dict, sw: dict) -> str:
 
 
 def _budgets(search: dict) -> tuple[str, dict[str, str]]:
-    """The val training runs each tuning spent: the search's (trials × its seeds, plus the confirmed trials'
+    """The val training runs each tuning spent: the search's (trials × its seeds, plus the rerun trials'
     extra seeds), which every arm at the selected point inherits, and each tuned baseline's (values × seeds),
-    from ``trials.csv``, ``confirm.csv`` and ``baselines.csv``; "?" where a file is missing."""
+    from ``trials.csv``, ``reruns.csv`` and ``baselines.csv``; "?" where a file is missing."""
     base_runs = search.get("baseline_runs")
-    search_budget = _search_budget(search["trials"], search.get("confirm"), base_runs)
+    search_budget = _search_budget(search["trials"], search.get("reruns"), base_runs)
     by_arm: dict[str, str] = {}
     for r in base_runs or []:
         by_arm.setdefault(r["arm"], [])
@@ -340,21 +340,21 @@ def _budgets(search: dict) -> tuple[str, dict[str, str]]:
     budgets = {a: f"{len({v for v, _ in rs})} values × {len({s for _, s in rs})} seeds = {len(rs)} runs"
                for a, rs in by_arm.items()}
     for arm, s in (search.get("arms") or {}).items():
-        budgets[arm] = _search_budget(s["trials"], s.get("confirm"), base_runs)
+        budgets[arm] = _search_budget(s["trials"], s.get("reruns"), base_runs)
     return search_budget, budgets
 
 
-def _search_budget(trials: list[dict], confirm: list[dict] | None, base_runs: list[dict] | None) -> str:
-    """A search's val training runs: trials × its seeds, plus the confirmed trials' extra seeds."""
+def _search_budget(trials: list[dict], reruns: list[dict] | None, base_runs: list[dict] | None) -> str:
+    """A search's val training runs: trials × its seeds, plus the rerun trials' extra seeds."""
     n_trials = len(trials)
-    if confirm:
+    if reruns:
         per_trial: dict[str, int] = {}
-        for r in confirm:
+        for r in reruns:
             if r.get("source") == "search":
                 per_trial[r["trial"]] = per_trial.get(r["trial"], 0) + 1
         seeds = max(per_trial.values()) if per_trial else 0
-        extra = sum(1 for r in confirm if r.get("source") == "confirm")
-        n_conf = len({r["trial"] for r in confirm})
+        extra = sum(1 for r in reruns if r.get("source") == "rerun")
+        n_conf = len({r["trial"] for r in reruns})
         more = f" + {n_conf} × {extra // n_conf if n_conf else 0} more seeds" if extra else ""
         search_budget = f"{n_trials} trials × {seeds} seeds{more} = {n_trials * seeds + extra} runs"
     elif base_runs:

@@ -42,7 +42,7 @@ class Selection:
     """One arm's search result, ``hpo/selection.json`` (``hpo/arms/<arm>/selection.json``): the selected trial
     under the registered tie rule and what the search can tell apart (:func:`select`, :func:`select_by_seed`).
 
-    Fields a task-paired selection lacks (``seeds``, ``confirmed``, ``per_seed``) are None, and so are those
+    Fields a task-paired selection lacks (``seeds``, ``rerun``, ``per_seed``) are None, and so are those
     :func:`lopd.hpo.study.write_outputs` adds later (``search``, ``space``, ``arm``, ``boundary_rule``); absent
     fields are left out of the JSON, so the file reads as it always did."""
 
@@ -62,7 +62,7 @@ class Selection:
     vs_best: dict  # str(trial) -> its paired comparison with the best
     intervals: dict | None = None  # str(trial) -> mean, low, high
     seeds: list | None = None  # by seed: the seeds compared
-    confirmed: list | None = None  # by seed: the trials rerun, best first
+    rerun: list | None = None  # by seed: the trials rerun, best first
     per_seed: dict | None = None  # by seed: str(trial) -> mean val reward per seed
     search: "Selection | None" = None  # by seed: the search's own task-paired selection over every trial
     space: dict | None = None  # the searched coordinates and their choices (extended by the boundary rule)
@@ -104,4 +104,4 @@ class Selection:
         return None if self.binding == _ABSENT else self.binding
 
 
-_OPTIONAL = ("intervals", "seeds", "confirmed", "per_seed", "search", "space", "arm", "boundary_rule")
+_OPTIONAL = ("intervals", "seeds", "rerun", "per_seed", "search", "space", "arm", "boundary_rule")

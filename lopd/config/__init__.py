@@ -111,9 +111,26 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+# keys renamed so that one word means one thing (docs/architecture.md, the glossary): old -> new
+RENAMED_KEYS = {"hpo.confirm_top": "hpo.rerun_top", "hpo.confirm_seeds": "hpo.rerun_seeds",
+                "confirm.points": "confirm.slots"}
+
+
+def renamed_keys(raw: dict[str, Any]) -> list[str]:
+    """One line per old key ``raw`` still uses, naming its new key."""
+    out = []
+    for old, new in RENAMED_KEYS.items():
+        sec, key = old.split(".")
+        if isinstance(raw.get(sec), dict) and key in raw[sec]:
+            out.append(f"{old} was renamed {new}")
+    return out
+
+
 def parse_params(raw: dict[str, Any], source: str = "params") -> Params:
     if not isinstance(raw, dict):
         raise BadInput(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    if old := renamed_keys(raw):
+        raise BadInput(f"{source}: " + "; ".join(old) + ": rename the key(s) in the file")
     try:
         return Params.model_validate(raw)
     except ValidationError as e:

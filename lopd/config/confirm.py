@@ -11,7 +11,7 @@ class ConfirmParams(Section):
     """The confirmation (lopd.confirmation): the rule's arms (report.rule; base shared) at every point of S on
     fresh seeds, evaluated on the confirmatory split."""
 
-    points: DistinctList[int, Bound(ge=0)] = Field(description=(
+    slots: DistinctList[int, Bound(ge=0)] = Field(description=(
         "the slots of S (stages confirm_train@<slot>, slot i running point p<i>): 0, 1, ..., cap - 1. S = the selected trial, the trials tied "
         "with it by seed, the best trial whose margin binds; distinct points, at most this many, by val rank"))
     seeds: DistinctList[int, Bound(ge=0)] = Field(description=(
@@ -32,8 +32,8 @@ class ConfirmParams(Section):
 
     @model_validator(mode="after")
     def _slots(self):
-        if self.points != list(range(len(self.points))):
-            raise ValueError(f"confirm.points must be 0, 1, ..., n - 1 (the slots of S), got {self.points}")
+        if self.slots != list(range(len(self.slots))):
+            raise ValueError(f"confirm.slots must be 0, 1, ..., n - 1 (the slots of S), got {self.slots}")
         if any(f >= 1 for f in self.efficiency_fractions):
             raise ValueError(f"confirm.efficiency_fractions must be < 1 (the last step's student is the run's own), "
                              f"got {self.efficiency_fractions}")

@@ -56,11 +56,11 @@ class HpoParams(Section):
                     "whose (1 − tie_alpha) t-interval holds 0), take the best, the median margin or the smallest")
     tie_alpha: float = Field(gt=0.0, lt=1.0, description="significance level of that tie test")
     seeds_per_trial: int = Field(ge=1, description="training seeds averaged per trial")
-    confirm_top: int = Field(ge=0, description=(
-        "the search's best trials (by val reward on seeds_per_trial seeds) rerun on confirm_seeds more seeds; the "
+    rerun_top: int = Field(ge=0, description=(
+        "the search's best trials (by val reward on seeds_per_trial seeds) rerun on rerun_seeds more seeds; the "
         "selection among them takes the seed as the unit (lopd.hpo.selection.select_by_seed). 0: no rerun, the "
         "selection pairs all trials over val tasks"))
-    confirm_seeds: int = Field(ge=0, description="more seeds for each confirmed trial (trained as one population)")
+    rerun_seeds: int = Field(ge=0, description="more seeds for each rerun trial (trained as one population)")
     trials_per_batch: int = Field(ge=1, description="trials asked at a time (TPE with constant_liar) and trained "
                                                     "together, each × seeds_per_trial, as one population")
     steps: int | None = Field(ge=1, description="training steps per trial; null = train.steps (the final "
@@ -105,8 +105,8 @@ class HpoParams(Section):
             raise ValueError(f"hpo.searched_arms {lacking} have no entry in hpo.search_axes (what each searches)")
         if self.n_ret_min > self.n_ret_max:
             raise ValueError("hpo.n_ret_min must be <= hpo.n_ret_max")
-        if self.confirm_top and self.seeds_per_trial + self.confirm_seeds < 2:
-            raise ValueError("hpo.confirm_top > 0 ties trials by seed: seeds_per_trial + confirm_seeds must be >= 2")
+        if self.rerun_top and self.seeds_per_trial + self.rerun_seeds < 2:
+            raise ValueError("hpo.rerun_top > 0 ties trials by seed: seeds_per_trial + rerun_seeds must be >= 2")
         return self
 
 

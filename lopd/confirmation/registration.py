@@ -6,7 +6,7 @@ pilot's test results (allowed: the pilot is exploratory; they size the design, t
 
 * the rule (``report.rule``), its primary form and labels (:mod:`lopd.analysis.confirmation`);
 * S (:func:`points_of_s`): the selected trial, the trials tied with it by seed, the best trial whose margin
-  binds; distinct points only, capped at ``len(confirm.points)``;
+  binds; distinct points only, capped at ``len(confirm.slots)``;
 * the arms, the fresh seeds and the smallest effect of interest;
 * the design (:func:`design`): power of the primary and of the robust label at these seeds, from the pilot's
   per-seed contrast covariance inflated to its ``report.design.pilot_upper`` upper bound, the seeds each
@@ -56,8 +56,8 @@ def points_of_s(selection: Selection, trials: list[dict], margins: dict | None,
     ties fill the rest by val rank up to ``cap``.
 
     Each point: name ``p<i>``, trial, role, the val value and seeds it rests on, m, K, n_ret, lr_student,
-    ``eta_beta`` (where the search searched it; else the final runs' ``train.eta_beta`` applies), ``lr_frozen`` (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin
-    status on val (the statuses of its search runs). Also returns notes on what was left out and why."""
+    ``eta_beta`` (where the search searched it; else the final runs' ``train.eta_beta`` applies), ``lr_frozen``
+    (lopd_frozen's own tuned lr; the point's lr if lopd_frozen was not tuned), and its margin status on val (the statuses of its search runs). Also returns notes on what was left out and why."""
     by_number = {int(float(r["number"])): r for r in trials}
     intervals = selection.intervals or {}
 

@@ -113,7 +113,7 @@ def train_trials(params: Params, res: Resources, arm_name: str, trials: list, po
     PRUNED, with no value or per-task rewards of its own (as a pruned trial alone). Otherwise its value
     is the mean over its seeds of the final validation on all val tasks, its user attribute
     ``val_per_task`` the per-task mean over its seeds (what the search's selection pairs trials by) and
-    ``val_per_seed`` each seed's mean (what the seed-aware selection of the confirmed trials pairs by). Every trial,
+    ``val_per_seed`` each seed's mean (what the seed-aware selection of the rerun trials pairs by). Every trial,
     pruned or not, keeps ``margin_path``: per seed, its run's β and Δ(φ) by step (what the margin did).
     ``naming`` and ``parent_run_id``: the members' MLflow runs (:func:`~lopd.population.points.train_points`).
     """

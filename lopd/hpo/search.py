@@ -2,7 +2,7 @@
 
 Each arm of ``hpo.searched_arms`` (and LOPD, over m, K, n_ret and its learning rate) is searched over its own
 coordinates with the same budget: ``hpo.n_trials`` trials of ``hpo.seeds_per_trial`` seeds (TPE after its
-start-ups, the median pruner), its ``hpo.confirm_top`` best rerun on ``hpo.confirm_seeds`` more seeds, the
+start-ups, the median pruner), its ``hpo.rerun_top`` best rerun on ``hpo.rerun_seeds`` more seeds, the
 selection tied by seed under the registered ``hpo.tie_rule`` (:mod:`lopd.hpo.selection`). What an arm does not
 search it takes from LOPD's selected point where it reads the point (``use_selected``), else from ``train``.
 A space with no more points than the budget (sft's learning rates, GRPO's rates × group sizes) is searched
@@ -14,8 +14,8 @@ trials.
 its choices and not a natural bound (:mod:`lopd.hpo.boundary`), the coordinate gains one step past that edge
 and the search continues: a new study over the extended space that starts with every finished trial of the
 last one, first trains the selected point moved one step along each extended coordinate, then TPE's
-proposals, ``hpo.trials_per_extension`` trials in all; the new best trials are confirmed on more seeds
-(the ones confirmed before are not rerun) and the selection is made again among every confirmed trial. After
+proposals, ``hpo.trials_per_extension`` trials in all; the new best trials are rerun on more seeds
+(the ones rerun before are not rerun again) and the selection is made again among every rerun trial. After
 ``hpo.max_extensions`` extensions, a selected value still on an extendable edge is flagged
 (``selection.json``: ``boundary_rule.flag``), and the report says so.
 """
@@ -69,10 +69,10 @@ def forced_points(point: dict, old: dict, new: dict) -> list[dict]:
 def search_arm(params: Params, res: Resources, arm: str, axes, out_dir: Path, *, storage: str, dep_files: list[Path],
                fixed: dict | None = None, parent_tracker=None, on_batch=None) -> tuple[dict, "optuna.Study"]:  # noqa: F821
     """``arm``'s search over ``axes`` with the boundary rule (module docstring); writes its ``trials.csv``,
-    ``confirm.csv``, ``margin_paths.csv`` and ``selection.json`` to ``out_dir`` (LOPD's also
+    ``reruns.csv``, ``margin_paths.csv`` and ``selection.json`` to ``out_dir`` (LOPD's also
     ``best_params.yaml``) and returns the selection (:func:`lopd.hpo.study.write_outputs`) and the last study."""
     from lopd.hpo.selection import TrialScore, select, select_by_seed
-    from lopd.hpo.study import (confirm_seeds, confirm_trials, finished_trials, run_search, search_seeds, space,
+    from lopd.hpo.study import (rerun_seeds, rerun_trials, finished_trials, run_search, search_seeds, space,
                                 write_outputs)
 
     hp, rules = params.hpo, axis_rules(params)
@@ -84,11 +84,11 @@ def search_arm(params: Params, res: Resources, arm: str, axes, out_dir: Path, *,
     whole = whole if len(whole) <= hp.n_trials else []
     study = run_search(params, res, space_=space_, forced=whole, n_trials=len(whole) or None, **kw)
     while True:
-        have = confirm_trials(params, res, study, out_dir, parent_tracker, arm=arm, fixed=fixed, have=have)
+        have = rerun_trials(params, res, study, out_dir, parent_tracker, arm=arm, fixed=fixed, have=have)
         done = finished_trials(study)
         scores = [TrialScore(i, t.state.name, dict(t.params), t.value, tuple(t.user_attrs.get("val_per_task", ())))
                   for i, t in enumerate(done)]
-        sel = (select_by_seed(scores, have, search_seeds(params) + confirm_seeds(params), hp.tie_rule,
+        sel = (select_by_seed(scores, have, search_seeds(params) + rerun_seeds(params), hp.tie_rule,
                               hp.tie_alpha, space_) if have else select(scores, hp.tie_rule, hp.tie_alpha, space_))
         new, notes = extend(space_, sel.point, rules)
         if len(levels) >= hp.max_extensions or new == space_:

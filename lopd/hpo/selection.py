@@ -7,8 +7,8 @@ t-interval over tasks. A trial is *tied with the best* when that paired interval
 contains 0 (the two-sided paired t-test does not reject).
 
 That test sees one source of noise (the tasks) on a mean over few seeds, and the training seed moves a
-trial's value more than the tasks do. So the search's best trials (``hpo.confirm_top``) are rerun on more
-seeds (``hpo.confirm_seeds``) and the selection among them (:func:`select_by_seed`) takes the **seed as the
+trial's value more than the tasks do. So the search's best trials (``hpo.rerun_top``) are rerun on more
+seeds (``hpo.rerun_seeds``) and the selection among them (:func:`select_by_seed`) takes the **seed as the
 unit**: for two trials trained with the same seeds (and, within a seed, the same tasks and sampling
 seeds), the difference of their per-seed mean val rewards, a t-interval over seeds. Every source of noise
 a final run has (its seed, its rollouts) is then in the interval; the val tasks are fixed.
@@ -142,17 +142,17 @@ def paired_by_seed(a: list[float], b: list[float], alpha: float) -> dict:
 
 def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], seeds: list[int], rule: str,
                    alpha: float, space: dict) -> Selection:
-    """The selection among the confirmed trials (``per_seed[number]``: a trial's mean val reward per seed of
+    """The selection among the rerun trials (``per_seed[number]``: a trial's mean val reward per seed of
     ``seeds``, the search's seeds and the confirmation's), with the seed as the unit (module docstring): the
     best is the highest mean over all seeds (lowest number among equal means), a trial is tied with it when
     :func:`paired_by_seed` holds 0, and ``rule`` chooses among the tied. The same keys as :func:`select`
     (``value`` is the mean over all seeds), plus ``unit`` = "seed", ``seeds``, ``per_seed`` and
-    ``confirmed`` (the trials rerun, best first)."""
+    ``rerun`` (the trials rerun, best first)."""
     if rule not in TIE_RULES:
         raise ValueError(f"unknown tie rule {rule!r}; known: {', '.join(TIE_RULES)}")
     by_number = {t.number: t for t in trials}
     if not per_seed:
-        raise ValueError("no trial was confirmed on more seeds: nothing to select")
+        raise ValueError("no trial was rerun on more seeds: nothing to select")
     for n, v in per_seed.items():
         if n not in by_number or by_number[n].state != "COMPLETE":
             raise ValueError(f"trial {n} is not a COMPLETE trial of the search")
@@ -169,7 +169,7 @@ def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], s
     return Selection(
         rule=rule, alpha=alpha, unit="seed", seeds=list(seeds), best=best.number,
         selected=chosen.number, point=dict(chosen.point), value=chosen.value,
-        tied=sorted(t.number for t in tied), tie_count=len(tied), confirmed=[t.number for t in ranked],
+        tied=sorted(t.number for t in tied), tie_count=len(tied), rerun=[t.number for t in ranked],
         runner_up=None if runner is None else {"number": runner.number, **vs_best[runner.number]},
         distinguishable=runner is not None and not vs_best[runner.number]["tied"],
         by_rule=chosen.number != best.number, boundary=boundary(chosen.point, space),
@@ -180,7 +180,7 @@ def select_by_seed(trials: list[TrialScore], per_seed: dict[int, list[float]], s
     )
 
 
-def confirm_candidates(trials: list[TrialScore], top: int) -> list[TrialScore]:
+def rerun_candidates(trials: list[TrialScore], top: int) -> list[TrialScore]:
     """The ``top`` COMPLETE trials by value on the search's seeds (lowest number among equal values), the
     ones rerun on more seeds."""
     complete = [t for t in trials if t.state == "COMPLETE" and t.value is not None]

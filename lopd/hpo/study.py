@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from lopd.training.trainer import Resources
 
 
-TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "confirmed_value", "confirmed_seeds",
+TRIAL_COLUMNS = ["number", "state", "value", "ci_low", "ci_high", "rerun_value", "rerun_seed_count",
                  "tied_with_best", "margin", "K", "n_ret", "lr_student", "eta_beta"]
-CONFIRM_COLUMNS = ["trial", "seed", "source", "val_reward"]
+RERUN_COLUMNS = ["trial", "seed", "source", "val_reward"]
 BASELINE_COLUMNS = ["arm", "knob", "knob_value", "seed", "val_reward"]
 MARGIN_PATH_COLUMNS = ["trial", "seed", "margin", "step", "beta", "delta_phi"]
 
@@ -118,7 +118,7 @@ def _space_hash(params: Params) -> str:
 
     # none of these changes a trial (the other arms' spaces and the extensions enter study_name's own hash)
     d = params.hpo.model_dump(exclude={"n_trials", "baseline_arms", "beta_fixed_choices", "tie_rule",
-                                       "tie_alpha", "confirm_top", "confirm_seeds", "searched_arms", "search_axes",
+                                       "tie_alpha", "rerun_top", "rerun_seeds", "searched_arms", "search_axes",
                                        "group_size_choices", "max_extensions", "trials_per_extension"})
     d["steps"] = horizon(params)
     return hashlib.sha256(repr(sorted(d.items())).encode()).hexdigest()[:8]
@@ -227,36 +227,36 @@ def search_seeds(params: Params) -> list[int]:
     return [1000 + s for s in range(params.hpo.seeds_per_trial)]
 
 
-def confirm_seeds(params: Params) -> list[int]:
-    """The seeds the confirmed trials are rerun with (after the search's own)."""
+def rerun_seeds(params: Params) -> list[int]:
+    """The seeds the best trials are rerun with (after the search's own)."""
     hp = params.hpo
-    return [1000 + hp.seeds_per_trial + s for s in range(hp.confirm_seeds)]
+    return [1000 + hp.seeds_per_trial + s for s in range(hp.rerun_seeds)]
 
 
-def confirm_trials(params: Params, res: Resources, study, out_dir: Path, parent_tracker=None, *, arm: str = "lopd",
+def rerun_trials(params: Params, res: Resources, study, out_dir: Path, parent_tracker=None, *, arm: str = "lopd",
                    fixed: dict | None = None, have: dict[int, list[float]] | None = None) -> dict[int, list[float]] | None:
-    """The ``hpo.confirm_top`` best COMPLETE trials (:func:`lopd.hpo.selection.confirm_candidates`), each rerun
-    with :func:`confirm_seeds` at the search's horizon, all as one population on val; returns each one's mean
+    """The ``hpo.rerun_top`` best COMPLETE trials (:func:`lopd.hpo.selection.rerun_candidates`), each rerun
+    with :func:`rerun_seeds` at the search's horizon, all as one population on val; returns each one's mean
     val reward per seed of the search's seeds then the confirmation's (``per_seed[number]``, numbered as in
-    ``trials.csv``) and writes ``confirm.csv``. None when ``hpo.confirm_top`` is 0 (``confirm.csv`` has no rows).
+    ``trials.csv``) and writes ``reruns.csv``. None when ``hpo.rerun_top`` is 0 (``reruns.csv`` has no rows).
 
-    ``have``: trials confirmed before (an earlier level of the boundary rule's extensions): not rerun, and
+    ``have``: trials rerun before (an earlier level of the boundary rule's extensions): not rerun, and
     returned and written with the others, so the selection compares every trial rerun on more seeds.
     ``arm`` and ``fixed``: another arm's search (:func:`run_search`)."""
     from lopd.errors import RunFailed
-    from lopd.hpo.selection import TrialScore, confirm_candidates
+    from lopd.hpo.selection import TrialScore, rerun_candidates
     from lopd.population.points import train_points
     from lopd.tracking.names import trial_run
 
     hp = params.hpo
-    if not hp.confirm_top:
-        write_csv(out_dir / "confirm.csv", [], CONFIRM_COLUMNS)
+    if not hp.rerun_top:
+        write_csv(out_dir / "reruns.csv", [], RERUN_COLUMNS)
         return None
     done, have = finished_trials(study), dict(have or {})
     scores = [TrialScore(i, t.state.name, dict(t.params), t.value) for i, t in enumerate(done)]
-    top = confirm_candidates(scores, hp.confirm_top)
+    top = rerun_candidates(scores, hp.rerun_top)
     if not top:
-        raise RunFailed("the search finished no COMPLETE trial: nothing to confirm")
+        raise RunFailed("the search finished no COMPLETE trial: nothing to rerun")
     n_first = hp.seeds_per_trial
     top = [t for t in top if t.number not in have]
     first = {n: v[:n_first] for n, v in have.items()}
@@ -266,23 +266,23 @@ def confirm_trials(params: Params, res: Resources, study, out_dir: Path, parent_
             raise RunFailed(f"search trial {t.number} holds no per-seed val rewards (a journal of an older search?): "
                             f"delete {out_dir / 'journal.log'} to rerun the search")
         first[t.number] = [float(v) for v in got]
-    seeds = confirm_seeds(params)
+    seeds = rerun_seeds(params)
     more = {**{n: v[n_first:] for n, v in have.items()}, **{t.number: [] for t in top}}
     for group in ([[top[i] for i in idx] for idx in by_group_size([t.point for t in top])] if seeds else ()):
         def naming(p: int, seed: int, group=group) -> tuple[dict, str]:
-            return ({"stage": "hpo-confirm" if arm == "lopd" else f"hpo-{arm}-confirm", "trial": group[p].number,
+            return ({"stage": "hpo-rerun" if arm == "lopd" else f"hpo-{arm}-rerun", "trial": group[p].number,
                      "split": "val"}, trial_run(group[p].number, group[p].point, seed))
 
         runs = train_points(params, res, arm, [{**(fixed or {}), **t.point} for t in group], seeds,
                             steps=horizon(params), val_every=hp.val_every, naming=naming,
                             parent_run_id=parent_tracker.run_id if parent_tracker else None,
-                            label=f"confirm {len(group)} {arm} trials")
+                            label=f"rerun {len(group)} {arm} trials")
         more.update({t.number: [s.val_reward for s in per_seed] for t, per_seed in zip(group, runs)})
     rows = [{"trial": n, "seed": s, "source": src, "val_reward": v}
             for n in sorted(first) for src, ss, vs in (("search", search_seeds(params), first[n]),
-                                                       ("confirm", seeds, more[n]))
+                                                       ("rerun", seeds, more[n]))
             for s, v in zip(ss, vs)]
-    write_csv(out_dir / "confirm.csv", rows, CONFIRM_COLUMNS)
+    write_csv(out_dir / "reruns.csv", rows, RERUN_COLUMNS)
     return {n: first[n] + more[n] for n in sorted(first)}
 
 
@@ -300,10 +300,10 @@ def finished_trials(study) -> list:
 def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list[float]] | None = None, *,
                   arm: str = "lopd", space_: dict | None = None, boundary: dict | None = None) -> dict:
     """``trials.csv`` (every finished trial with its val CI on the search's seeds, its mean over every seed
-    where it was confirmed, and whether it ties with the best), ``margin_paths.csv`` (:func:`margin_path_rows`:
+    where it was rerun, and whether it ties with the best), ``margin_paths.csv`` (:func:`margin_path_rows`:
     what the margin did in each trial's runs), ``selection.json`` and ``best_params.yaml`` (the point the
-    registered tie rule selects, its tie count and the rule). With ``per_seed`` (:func:`confirm_trials`) the
-    selection is :func:`lopd.hpo.selection.select_by_seed` among the confirmed trials, and the search's own
+    registered tie rule selects, its tie count and the rule). With ``per_seed`` (:func:`rerun_trials`) the
+    selection is :func:`lopd.hpo.selection.select_by_seed` among the rerun trials, and the search's own
     task-paired selection over every trial is kept as ``selection.json``'s ``search``; without, it is
     :func:`lopd.hpo.selection.select`.
 
@@ -322,7 +322,7 @@ def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list
         sel = select(scores, params.hpo.tie_rule, params.hpo.tie_alpha, space_)
         search_ci = sel.intervals
         if per_seed:
-            sel = replace(select_by_seed(scores, per_seed, search_seeds(params) + confirm_seeds(params),
+            sel = replace(select_by_seed(scores, per_seed, search_seeds(params) + rerun_seeds(params),
                                          params.hpo.tie_rule, params.hpo.tie_alpha, space_),
                           search=replace(sel, intervals=None))
     except ValueError as e:
@@ -331,8 +331,8 @@ def write_outputs(study, out_dir: Path, params: Params, per_seed: dict[int, list
     rows = [{"number": t.number, "state": t.state, "value": t.value,
              "ci_low": (search_ci.get(str(t.number)) or {}).get("low"),
              "ci_high": (search_ci.get(str(t.number)) or {}).get("high"),
-             "confirmed_value": sum(per_seed[t.number]) / len(per_seed[t.number]) if per_seed and t.number in per_seed
-             else None, "confirmed_seeds": len(per_seed[t.number]) if per_seed and t.number in per_seed else None,
+             "rerun_value": sum(per_seed[t.number]) / len(per_seed[t.number]) if per_seed and t.number in per_seed
+             else None, "rerun_seed_count": len(per_seed[t.number]) if per_seed and t.number in per_seed else None,
              "tied_with_best": t.number in tied, **t.point}
             for t in scores]
     columns = TRIAL_COLUMNS[:-5] + [a for a in ("margin", "K", "n_ret", "lr_student", "eta_beta", "group_size")

@@ -1,1 +1,1 @@
-"""Population training: the S members of one arm (seeds, or search trials) in one batched process."""
+"""Population training: the members of one arm (seeds, or search trials) in one batched process."""

@@ -1,6 +1,6 @@
 """Jobs trained as one population, each finished exactly as a run alone finishes.
 
-:func:`run_jobs` is :func:`lopd.training.run.run_arm` for S jobs of one arm: each job gets its own
+:func:`run_jobs` is :func:`lopd.training.run.run_arm` for the jobs of one arm: each job gets its own
 MLflow run (named, tagged and parented as alone, :func:`lopd.training.run.open_job`), the members
 train together (:class:`lopd.population.trainer.Population`; at most ``train.population_size`` at
 once, the rest in the next population), every member is validated on all val

@@ -1,4 +1,4 @@
-"""S members of one arm trained in lock-step on one backbone, every pass batched over the members.
+"""The members of one arm trained in lock-step on one backbone, every pass batched over the members.
 
 A member is a run: a seed, or a search trial with its own m, K, n_ret and learning rate. Each is a
 :class:`~lopd.training.trainer.Trainer` on its own view of the backbone

@@ -20,7 +20,7 @@ def run(params: Params, paths: Paths) -> dict:
 
     reg = regmod.load(paths.registration)  # before anything is read: no registration, no confirmatory read
     todo = []
-    for slot in params.confirm.points:
+    for slot in params.confirm.slots:
         runs = paths.confirm_runs(slot)
         rec = runs / REGISTRATION_MARKER
         if not rec.exists() or read_json(rec).get("sha256") != reg["sha256"]:

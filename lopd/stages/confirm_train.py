@@ -39,8 +39,8 @@ def run(params: Params, paths: Paths, slot: int) -> dict:
     from lopd.stages.common import load_resources, with_draw, write_side
     from lopd.training.run import job_hparams
 
-    if slot not in params.confirm.points:
-        raise BadInput(f"slot {slot} is not a slot of S (confirm.points {params.confirm.points})")
+    if slot not in params.confirm.slots:
+        raise BadInput(f"slot {slot} is not a slot of S (confirm.slots {params.confirm.slots})")
     reg = regmod.load(paths.registration)
     out = paths.confirm_runs(slot)
     out.mkdir(parents=True, exist_ok=True)

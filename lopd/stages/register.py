@@ -49,13 +49,13 @@ def run(params: Params, paths: Paths) -> dict:
     if len(cp.seeds) < 2:
         raise BadInput(f"confirm.seeds has {len(cp.seeds)} seed: the rule's paired t-tests need at least 2")
     try:
-        points, notes = regmod.points_of_s(selection, trials, margins, frozen_lr, len(cp.points))
+        points, notes = regmod.points_of_s(selection, trials, margins, frozen_lr, len(cp.slots))
     except KeyError as e:
         raise BadInput(f"hpo/trials.csv has no row for trial {e} that hpo/selection.json names: rerun the hpo stage "
                        "(dvc repro -f hpo)") from None
-    if len(points) > len(cp.points):  # a binding point beside the selected one needs a second slot
-        raise BadInput(f"S has {len(points)} points (the selected one and the binding one) but confirm.points has "
-                       f"{len(cp.points)} slot(s): give it at least {len(points)}")
+    if len(points) > len(cp.slots):  # a binding point beside the selected one needs a second slot
+        raise BadInput(f"S has {len(points)} points (the selected one and the binding one) but confirm.slots has "
+                       f"{len(cp.slots)} slot(s): give it at least {len(points)}")
     # the pilot: the final runs' test results (exploratory), for the design only
     evals = load_evals(paths.root)
     names, contrasts = regmod.pilot_contrasts(rule, {a: values(evals, a) for a in rule.arms()})

@@ -111,6 +111,7 @@ def _run_references(params: Params, res: Resources, paths: Paths, parent_run_id:
                                    label=f"sensitivity reference {arm}")
         hp = {k: point.get(k, getattr(params.train, k)) for k in ("margin", "K", "n_ret", "lr_student", "eta_beta")}
         rows += [{"axis": "reference", "arm": arm, **hp, "seed": seed, "val_reward": sc.val_reward,
-                  "constraint": _status(sc, hp["margin"]) if spec.margin else None}
+                  # a status only where dual ascent moves β (not lopd_fixbeta's held β, nor an arm without the margin)
+                  "constraint": _status(sc, hp["margin"]) if spec.margin and spec.beta_schedule == "dual" else None}
                  for seed, sc in zip(sp.seeds, per_seed)]
     return rows

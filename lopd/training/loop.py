@@ -7,7 +7,7 @@ progress after every step, and the stop condition (``hp.steps`` steps, or none f
 does not train). *How* a step, a validation or a checkpoint is done is the stepper's:
 
 * :class:`Alone` steps one :class:`~lopd.training.trainer.Trainer` (``Trainer.fit``);
-* :class:`lopd.population.trainer.Population` steps S trainers with every pass batched.
+* :class:`lopd.population.trainer.Population` steps its members' trainers with every pass batched.
 
 Both hand back one row per run and one validation reward per run, so every run's history, MLflow
 metrics and validation callbacks come out of the same lines below whichever stepper ran it.

@@ -241,8 +241,8 @@ def test_dvc_repro_smoke_end_to_end(smoke_recorded):
     fal = (repo / "reports/falsification.md").read_text()
     assert fal.index(reg["sha256"]) < fal.index("## Confirmatory verdict") < fal.index("## Specification curve") \
         < fal.index("# Pilot (exploratory)")
-    assert reg["seeds"] == params["confirm"]["seeds"] and 1 <= len(reg["points"]) <= len(params["confirm"]["points"])
-    for slot in params["confirm"]["points"]:
+    assert reg["seeds"] == params["confirm"]["seeds"] and 1 <= len(reg["points"]) <= len(params["confirm"]["slots"])
+    for slot in params["confirm"]["slots"]:
         runs = repo / f"confirm/runs/p{slot}"
         assert json.loads((runs / "registration.json").read_text())["sha256"] == reg["sha256"]
         assert (runs / "not_run.json").exists() == (slot >= len(reg["points"]))

@@ -403,9 +403,9 @@ _READABLE = {  # stage tag -> the run name it must have (lopd.tracking.names)
     "base": "base", "cold_start": r"cold start( · draw \d+)?", "probe": "probe",
     "hpo": r"search|trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+( η_β=\S+)?",
     "hpo-baselines": r"baseline \w+ · (lr|β)=\S+ · seed \d+",
-    "hpo-confirm": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+( η_β=\S+)? · seed \d+",  # a confirmed trial's more seeds
+    "hpo-rerun": r"trial \d+ · m=\S+ K=\d+ n_ret=\d+ lr=\S+( η_β=\S+)? · seed \d+",  # a confirmed trial's more seeds
     "hpo-sft": r"trial \d+ · lr=\S+( · seed \d+)?",  # an arm's own search (profiles/smoke.yaml: sft's)
-    "hpo-sft-confirm": r"trial \d+ · lr=\S+ · seed \d+",
+    "hpo-sft-rerun": r"trial \d+ · lr=\S+ · seed \d+",
     "sensitivity": r"sensitivity( · ((margin|K|n_ret)=\S+|m=\S+ η_β=\S+|lopd\w*) · seed \d+)?",
     "train": r"\w+ · seed \d+", "evaluate": r"evaluate · \w+ · seed \d+",
     "confirm_train": r"confirm p\d+ · \w+ · seed \d+"}  # the confirmation's runs, one name per point

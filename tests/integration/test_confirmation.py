@@ -165,7 +165,7 @@ def test_confirm_evaluate_refuses_without_a_valid_registration(tmp_path):
     from lopd.paths import Paths
     from lopd.stages import confirm_evaluate
 
-    params = default_params({"confirm": {"points": [0], "seeds": [100]}})
+    params = default_params({"confirm": {"slots": [0], "seeds": [100]}})
     paths = Paths(tmp_path)
     (tmp_path / "data" / "confirm").mkdir(parents=True)
     (tmp_path / "data" / "confirm" / "manifest.json").write_text("{}")
@@ -227,7 +227,7 @@ def test_confirm_params_are_validated():
     with pytest.raises(BadInput, match="fresh"):
         default_params({"confirm": {"seeds": [0, 100]}})
     with pytest.raises(BadInput, match="slots of S"):
-        default_params({"confirm": {"points": [1, 2]}})
+        default_params({"confirm": {"slots": [1, 2]}})
 
 
 def test_the_leakage_audit_flags_a_confirmatory_read_outside_confirm_evaluate(tmp_path):
@@ -326,7 +326,7 @@ def test_confirm_train_keys_its_checkpoints_by_the_registration_and_writes_its_h
     from lopd.paths import NOT_RUN, REGISTRATION_MARKER, Paths
     from lopd.stages import confirm_train
 
-    params = default_params({"confirm": {"points": [0, 1], "seeds": [100, 101]}})
+    params = default_params({"confirm": {"slots": [0, 1], "seeds": [100, 101]}})
     paths = Paths(tmp_path)
     reg = _registered(paths)
     out0, out1 = paths.confirm_runs(0), paths.confirm_runs(1)

@@ -78,7 +78,7 @@ def _toy_search(workspace, tmp_path, monkeypatch, objective, **hpo):
     monkeypatch.setattr(batches_mod, "train_trials", fake_trials)
     monkeypatch.setattr(points_mod, "train_points", fake_points)
     p = workspace.params(hpo={"lr_choices": [0.001, 0.002, 0.004], "n_trials": 4, "seeds_per_trial": 2,
-                              "confirm_top": 2, "confirm_seeds": 2, "trials_per_extension": 2, **hpo})
+                              "rerun_top": 2, "rerun_seeds": 2, "trials_per_extension": 2, **hpo})
     dep = tmp_path / "dep.txt"
     dep.write_text("x")
     _, study = search_arm(p, None, "sft", ["lr_student"], tmp_path, storage=str(tmp_path / "journal.log"),

@@ -18,7 +18,7 @@ from lopd.analysis.hpo_report import render_search, search_metrics
 from lopd.errors import RunFailed
 from lopd.analysis.search_record import Selection
 from lopd.hpo.study import write_outputs
-from lopd.hpo.selection import TrialScore, confirm_candidates, paired, paired_by_seed, select, select_by_seed
+from lopd.hpo.selection import TrialScore, rerun_candidates, paired, paired_by_seed, select, select_by_seed
 from tests.conftest import default_params
 
 SPACE = {"margin": [0.0, 0.05, 0.2, 0.5], "K": [4, 8], "n_ret": [1, 2, 3], "lr_student": [0.001, 0.002]}
@@ -212,7 +212,7 @@ def test_an_arms_own_search_reads_only_val_and_its_final_runs_take_its_point(wor
     from lopd.stages.common import load_resources
     from lopd.training.run import selected_hparams
 
-    p = workspace.params(hpo={"n_trials": 2, "steps": 1, "val_every": 1, "seeds_per_trial": 1, "confirm_top": 0,
+    p = workspace.params(hpo={"n_trials": 2, "steps": 1, "val_every": 1, "seeds_per_trial": 1, "rerun_top": 0,
                               "max_extensions": 0, "k_choices": [2, 4], "n_ret_max": 2, "lr_choices": [0.001, 0.004]},
                          train={"val_tasks": 4, "use_best_params": True})
     res = load_resources(p, workspace.paths, role="hpo")
@@ -328,7 +328,7 @@ def test_an_arm_without_a_point_is_recorded_not_run_and_reads_no_test_task(works
     assert not_run_reason(p, paths.hpo / "best_params.yaml", get_arm("lopd_binding")) is None
 
 
-# --------------------------------------------------------------------------- ties by seed (hpo.confirm_top)
+# --------------------------------------------------------------------------- ties by seed (hpo.rerun_top)
 def test_paired_by_seed_by_hand():
     """Per-seed differences (.1, 0, .1, .2): mean .1, sd .081650, t_{0.975,3} = 3.182446, half-width
     3.182446 · .081650 / 2 = .129923: [-.0299, .2299] holds 0: tied. Equal seeds only: the point."""
@@ -372,7 +372,7 @@ def test_the_seed_aware_tie_test_ties_two_trials_that_differ_only_by_their_seeds
 
 def test_confirm_candidates_are_the_best_complete_trials():
     ts = [_t(0, C, 0.0, [0.2]), _t(1, P, 0.0, [0.9]), _t(2, C, 0.0, [0.5]), _t(3, C, 0.0, [0.5]), _t(4, C, 0.0, [0.1])]
-    assert [t.number for t in confirm_candidates(ts, 3)] == [2, 3, 0]
+    assert [t.number for t in rerun_candidates(ts, 3)] == [2, 3, 0]
 
 
 def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
@@ -384,7 +384,7 @@ def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
     per_seed = {0: [0.75, 0.75, 0.1, 0.1, 0.1, 0.1], 2: [0.5, 0.5, 0.6, 0.6, 0.6, 0.61]}
     params = default_params({"hpo": {"margin_choices": SPACE["margin"], "k_choices": [4, 8], "n_ret_min": 1,
                                      "n_ret_max": 3, "lr_choices": [0.001, 0.002], "tie_rule": "best",
-                                     "seeds_per_trial": 2, "confirm_top": 2, "confirm_seeds": 4}})
+                                     "seeds_per_trial": 2, "rerun_top": 2, "rerun_seeds": 4}})
     best = write_outputs(study, tmp_path, params, per_seed)
     assert best["trial"] == 2 and best["tie_unit"] == "seed" and best["value_seeds"] == 6
     assert best["value"] == pytest.approx(sum(per_seed[2]) / 6)
@@ -392,20 +392,20 @@ def test_write_outputs_selects_among_the_confirmed_trials_by_seed(tmp_path):
     assert sel.search.best == 0 and sel.search.unit == "task" and sel.seeds == list(range(1000, 1006))
     with open(tmp_path / "trials.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["confirmed_seeds"] for r in rows] == ["6", "", "6"]
+    assert [r["rerun_seed_count"] for r in rows] == ["6", "", "6"]
     md = render_search({"selection": sel, "trials": rows, "baselines": {}}, {})
     assert "## The best trials on more seeds (ties by seed)" in md and "**the seed as the unit**" in md
     assert "paired by seed over 6 seeds" in md
 
 
 def test_every_arms_tuning_budget_is_counted_from_the_search_outputs():
-    """3 finished trials × 2 search seeds + 2 confirmed × 4 more seeds = 14 runs; sft 3 rates × 2 seeds = 6."""
+    """3 finished trials × 2 search seeds + 2 rerun × 4 more seeds = 14 runs; sft 3 rates × 2 seeds = 6."""
     from lopd.analysis.hpo_report import _budgets
 
     confirm = [{"trial": t, "seed": s, "source": "search"} for t in ("0", "2") for s in ("1000", "1001")]
-    confirm += [{"trial": t, "seed": str(s), "source": "confirm"} for t in ("0", "2") for s in range(1002, 1006)]
+    confirm += [{"trial": t, "seed": str(s), "source": "rerun"} for t in ("0", "2") for s in range(1002, 1006)]
     base_runs = [{"arm": "sft", "knob_value": v, "seed": s} for v in ("0.001", "0.002", "0.005") for s in ("1000", "1001")]
-    search, by_arm = _budgets({"trials": [{}, {}, {}], "confirm": confirm, "baseline_runs": base_runs})
+    search, by_arm = _budgets({"trials": [{}, {}, {}], "reruns": confirm, "baseline_runs": base_runs})
     assert search == "3 trials × 2 seeds + 2 × 4 more seeds = 14 runs"
     assert by_arm == {"sft": "3 values × 2 seeds = 6 runs"}
-    assert _budgets({"trials": [{}], "confirm": None, "baseline_runs": None})[0] == "1 trials × ? seeds"
+    assert _budgets({"trials": [{}], "reruns": None, "baseline_runs": None})[0] == "1 trials × ? seeds"

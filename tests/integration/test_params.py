@@ -115,6 +115,14 @@ def test_bad_params_exit_2(tmp_path, capsys, base_raw, name):
     assert "Traceback" not in out
 
 
+def test_a_renamed_key_is_refused_naming_its_new_name(tmp_path, capsys, base_raw):
+    """hpo.confirm_top/confirm_seeds (the search's reruns) and confirm.points (a list of slots) were renamed so that
+    "confirm" means the confirmatory study only: an old file gets the new names, not "extra inputs"."""
+    raw = {**base_raw, "hpo": {**base_raw["hpo"], "confirm_top": 4}, "confirm": {**base_raw["confirm"], "points": [0]}}
+    rc, out = _validate(tmp_path, capsys, raw)
+    assert rc == 2 and "hpo.confirm_top was renamed hpo.rerun_top" in out and "confirm.points was renamed confirm.slots" in out
+
+
 def test_unknown_key_lists_exactly_allowed(tmp_path, capsys, base_raw):
     rc, out = _validate(tmp_path, capsys, _mod(base_raw, **{"envs.n_tran": 5}))
     assert rc == 2
