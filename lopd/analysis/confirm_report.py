@@ -17,6 +17,11 @@ from lopd.utils import read_json
 
 EVAL_DIR = Path("confirm") / "eval"
 
+INFERENCE_SCOPE = ("The unit is the training seed: each p-value is a paired test over seeds (the t-test, and the exact "
+                   "sign-flip test that assumes no normality: every sign pattern of the per-seed contrasts, or a "
+                   "Monte-Carlo sample of them), so inference is conditional on the confirmatory split's tasks and "
+                   "the worlds they come from; another draw of tasks could move every estimate.")
+
 
 def load_confirmation(root: Path, reg: dict) -> tuple[dict, list[str]]:
     """(``by_point[point][arm][seed]`` = mean confirmatory test reward, the shared arms under every point;
@@ -91,21 +96,25 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
     if am["missing"]:
         md += ["**Missing runs** (their seeds are left out at every point, so the contrasts stay paired): "
                + "; ".join(am["missing"]) + ".", ""]
-    md += [md_table(["test (average over S)", "n", "estimate", "95% CI", "one-sided p", "rejects at α"],
+    md += [md_table(["test (average over S)", "n", "estimate", "95% CI", "one-sided p (t)", "one-sided p (sign flip)",
+                     "rejects at α"],
                     [[t["name"], str(t["n"]), f"{t['diff']:+.4f}" if t.get("diff") is not None else "n/a", _ci(t),
-                      fmt_p(t["p"]) if t.get("p") is not None else "n/a", "yes" if t["reject"] else "no"]
-                     for t in am["primary"]["tests"]]), ""]
+                      fmt_p(t["p"]) if t.get("p") is not None else "n/a",
+                      fmt_p(t["p_exact"]) if t.get("p_exact") is not None else "n/a", "yes" if t["reject"] else "no"]
+                     for t in am["primary"]["tests"]]), "", INFERENCE_SCOPE, ""]
     md += ["## Specification curve", "",
            "Every contrast of the rule at every point of S, in val-rank order, each with its point's margin status on "
            "val (the search's runs at that point), then the average over S (the primary). Estimates are mean "
            "per-seed contrasts, 95% t-intervals over the seeds.", ""]
     if spec_png:
         md += [f"![specification curve]({spec_png})", ""]
-    md += [md_table(["point", "trial", "role", "margin on val", "test", "n", "estimate", "95% CI", "one-sided p", "rejects"],
+    md += [md_table(["point", "trial", "role", "margin on val", "test", "n", "estimate", "95% CI", "one-sided p (t)",
+                     "p (sign flip)", "rejects"],
                     [[r["point"], "—" if r["trial"] is None else str(r["trial"]), r["role"] or "",
                       ", ".join(r["margin_status"] or []) or "—", r["test"], str(r["n"]),
                       f"{r['diff']:+.4f}" if r.get("diff") is not None else "n/a", _ci(r),
-                      fmt_p(r["p"]) if r.get("p") is not None else "n/a", "yes" if r["reject"] else "no"]
+                      fmt_p(r["p"]) if r.get("p") is not None else "n/a",
+                      fmt_p(r["p_exact"]) if r.get("p_exact") is not None else "n/a", "yes" if r["reject"] else "no"]
                      for r in conf["spec_curve"]]), ""]
     md += design_lines(reg)
     md += ["## S: the points the search cannot tell apart", "",

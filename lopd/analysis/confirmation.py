@@ -102,9 +102,10 @@ def spec_curve_rows(amended: dict, points_meta: Sequence[Mapping]) -> list[dict]
         for t in fal["tests"]:
             rows.append({"point": meta["name"], "trial": meta.get("trial"), "role": meta.get("role"),
                          "margin_status": meta.get("margin_status"), "test": t["name"], "n": t["n"],
-                         "diff": t.get("diff"), "ci95": t.get("ci95"), "p": t.get("p"), "reject": t["reject"]})
+                         "diff": t.get("diff"), "ci95": t.get("ci95"), "p": t.get("p"), "p_exact": t.get("p_exact"),
+                         "reject": t["reject"]})
     for t in amended["primary"]["tests"]:
         rows.append({"point": "average over S", "trial": None, "role": "primary", "margin_status": None,
                      "test": t["name"], "n": t["n"], "diff": t.get("diff"), "ci95": t.get("ci95"), "p": t.get("p"),
-                     "reject": t["reject"]})
+                     "p_exact": t.get("p_exact"), "reject": t["reject"]})
     return rows

@@ -68,6 +68,15 @@ def test_the_primary_averages_contrasts_over_points_by_hand():
     # seed 0: (0.1 + 0.0) / 2 = 0.05; seed 1: (0.2 + 0.3) / 2 = 0.25; mean 0.15
     assert frozen["diff"] == pytest.approx(0.15)
     assert a["seeds"] == [0, 1]
+    # the exact sign-flip p beside the t-test's: contrasts (0.05, 0.25), 4 sign patterns, only (+, +) sums to ≥ 0.30
+    assert frozen["p_exact"] == pytest.approx(0.25)
+    from lopd.analysis.confirmation import spec_curve_rows
+
+    rows = spec_curve_rows(a, [{"name": "p0", "trial": 0}, {"name": "p1", "trial": 1}])
+    primary = next(r for r in rows if r["role"] == "primary" and r["test"] == "lopd > lopd_frozen")
+    assert primary["p_exact"] == pytest.approx(0.25)
+    # at p0 alone: contrasts (0.1, 0.2): again only (+, +) reaches 0.3
+    assert next(r for r in rows if r["point"] == "p0" and r["test"] == "lopd > lopd_frozen")["p_exact"] == pytest.approx(0.25)
 
 
 def test_decide_amended_is_the_rule_on_each_point_and_on_the_average():
