@@ -14,6 +14,10 @@ class ConfirmParams(Section):
     slots: DistinctList[int, Bound(ge=0)] = Field(description=(
         "the slots of S (stages confirm_train@<slot>, slot i running point p<i>): 0, 1, ..., cap - 1. S = the selected trial, the trials tied "
         "with it by seed, the best trial whose margin binds; distinct points, at most this many, by val rank"))
+    split_round: int = Field(ge=0, description=(
+        "which fresh confirmatory split: round r is drawn after rounds 0..r-1 and shares no prompt or solution with "
+        "them (lopd.confirmation.split); round 0 is the split the ledger's first five registrations read. A new "
+        "registration needs a round and seeds no registration has read (registration/ledger.yaml: register refuses)"))
     seeds: DistinctList[int, Bound(ge=0)] = Field(description=(
         "fresh training seeds of every arm at every point (none a seed of train.seeds or train.extra_seeds); "
         "seed s's bank and cold-start draw (stage confirm_draw@s) is shared by every point"))

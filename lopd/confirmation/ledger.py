@@ -1,7 +1,8 @@
 """The ledger of confirmatory reads (``registration/ledger.yaml``): which registration read which split with
 which seeds, committed in git so that "registered before read" holds across runs, not only within one.
 
-Pure functions over the file's entries; no stage reads the ledger yet (see :func:`earlier_reads`).
+Pure functions over the file's entries; the ``register`` stage refuses a registration that
+:func:`earlier_reads` finds earlier reads for.
 """
 
 from __future__ import annotations
@@ -69,11 +70,7 @@ def earlier_reads(reads: list[Read], registration: str, split_manifest_md5: str,
     """Why a confirmation under ``registration`` on this split with these seeds would not be fresh: one line
     per earlier read, under *another* registration, of the same split or of any of the same seeds (a seed read
     once carries its luck into every later read, whatever the split). Empty: fresh. A registration already in
-    the ledger is its own read, not an earlier one.
-
-    Not enforced by a stage yet: the default design's split and seeds are all in the ledger, so refusing them
-    would stop ``dvc repro`` until a fresh confirmatory split and seeds are chosen, which moves every
-    confirmatory number and belongs with the next clean repro."""
+    the ledger is its own read, not an earlier one. The ``register`` stage refuses a registration with any."""
     seeds = set(seeds)
     lines = []
     for r in reads:

@@ -29,7 +29,7 @@ from lopd.utils import atomic_write_text, hash_files, write_manifest
 
 SPLIT = "confirm"
 ROLE = "confirm_evaluate"
-STREAM_OFFSET = 777_000  # the confirm stream's seed: envs.seed * 1000 + domain index + this
+STREAM_OFFSET = 777_000  # the confirm stream's seed: envs.seed * 1000 + domain index + this (+ 1000 per round)
 
 
 def solution_key(env, task: Task) -> str:
@@ -38,10 +38,14 @@ def solution_key(env, task: Task) -> str:
     return hashlib.sha256(json.dumps([task.domain, actions]).encode()).hexdigest()[:16]
 
 
-def generate_confirm(envs_params, n_confirm: int, manifest: dict) -> tuple[list[Task], dict]:
+def generate_confirm(envs_params, n_confirm: int, manifest: dict, split_round: int = 0) -> tuple[list[Task], dict]:
     """``n_confirm`` tasks per domain, none sharing a prompt or a solution with train, val, test or each
     other; and the audit record: per split the solution keys' overlaps, and the pilot's own solution twins
-    (test tasks whose solution equals a train task's: the leak this split closes)."""
+    (test tasks whose solution equals a train task's: the leak this split closes).
+
+    ``split_round`` r: the r-th fresh split. Rounds 0..r are drawn in turn, each from its own candidate stream
+    and excluding by prompt and by solution the sealed splits and every earlier round; round r is returned. Round 0
+    is the split of earlier versions (read under the ledger's registrations); a later round shares no task with it."""
     sealed = data_mod.generate_splits(envs_params)
     files = manifest.get("files", {})
     for split, tasks in sealed.items():
@@ -50,7 +54,8 @@ def generate_confirm(envs_params, n_confirm: int, manifest: dict) -> tuple[list[
             raise BadInput(f"data/splits/manifest.json: the {split} split's content keys differ from what these "
                            "envs params generate (rerun prepare: dvc repro prepare)")
     out: list[Task] = []
-    audit: dict = {"pilot_test_solution_twins": 0, "by_domain": {}}
+    # round 0's manifest stays byte-identical to the earlier versions' (the ledger knows a split by its md5)
+    audit: dict = {"pilot_test_solution_twins": 0, "by_domain": {}, **({"split_round": split_round} if split_round else {})}
     for d_i, domain in enumerate(envs_params.domains):
         env = make_env(domain, envs_params)
         mine = {s: [t for t in ts if t.domain == domain] for s, ts in sealed.items()}
@@ -61,31 +66,45 @@ def generate_confirm(envs_params, n_confirm: int, manifest: dict) -> tuple[list[
         banned = set().union(*sols.values())
         n_worlds = len(env.worlds["target"])
         per_world = -(-n_confirm // n_worlds)
-        cands = env.generate(envs_params.seed * 1000 + d_i + STREAM_OFFSET,
-                             data_mod._MAX_DRAWS_PER_TASK * per_world * n_worlds)
-        queues = [iter(cands[w::n_worlds]) for w in range(n_worlds)]
-        skipped, live, w = 0, list(range(n_worlds)), 0
-        while sum(t.domain == domain for t in out) < n_confirm:
-            if not live:
-                raise BadInput(f"envs: the {domain} domain has too few tasks left, after excluding train, val and test by "
-                               f"prompt and by solution, for envs.n_confirm {n_confirm}: lower it or raise "
-                               "envs.n_target_worlds")
-            q = live[w % len(live)]
-            for t in queues[q]:
-                p, s = data_mod.content_key(t), solution_key(env, t)
-                if p in prompts or s in banned:
-                    skipped += 1
-                    continue
-                prompts.add(p)
-                banned.add(s)
-                out.append(t)
-                w += 1
-                break
-            else:  # this world has no fresh task left: the others deal on (the split stays as even as it can)
-                live.remove(q)
+        skipped = 0
+        for r in range(split_round + 1):
+            drawn, n_skip = _draw_round(env, domain, envs_params.seed * 1000 + d_i + STREAM_OFFSET + 1000 * r,
+                                        data_mod._MAX_DRAWS_PER_TASK * per_world * n_worlds, n_worlds, n_confirm,
+                                        prompts, banned)
+            skipped += n_skip
+        out += drawn  # the last round's
         audit["by_domain"][domain] = {"n": n_confirm, "candidates_skipped": skipped, "pilot_test_solution_twins": twins}
     audit["pilot_test_n"] = len(sealed["test"])
     return out, audit
+
+
+def _draw_round(env, domain: str, seed: int, n_cands: int, n_worlds: int, n_confirm: int, prompts: set,
+                banned: set) -> tuple[list[Task], int]:
+    """``n_confirm`` tasks of ``domain`` from the candidate stream ``seed``, dealt round-robin over the target worlds,
+    none whose prompt is in ``prompts`` or whose solution is in ``banned`` (both grow with every task drawn)."""
+    cands = env.generate(seed, n_cands)
+    queues = [iter(cands[w::n_worlds]) for w in range(n_worlds)]
+    out: list[Task] = []
+    skipped, live, w = 0, list(range(n_worlds)), 0
+    while len(out) < n_confirm:
+        if not live:
+            raise BadInput(f"envs: the {domain} domain has too few tasks left, after excluding train, val and test (and "
+                           f"every earlier confirmatory round) by prompt and by solution, for envs.n_confirm {n_confirm}: "
+                           "lower it or raise envs.n_target_worlds")
+        q = live[w % len(live)]
+        for t in queues[q]:
+            p, s = data_mod.content_key(t), solution_key(env, t)
+            if p in prompts or s in banned:
+                skipped += 1
+                continue
+            prompts.add(p)
+            banned.add(s)
+            out.append(t)
+            w += 1
+            break
+        else:  # this world has no fresh task left: the others deal on (the split stays as even as it can)
+            live.remove(q)
+    return out, skipped
 
 
 def write_confirm(out_dir: Path, tasks: list[Task], audit: dict, envs_params, splits_manifest_sha: str) -> dict:

@@ -17,7 +17,8 @@ def run(params: Params, paths: Paths) -> dict:
     mpath = paths.splits / "manifest.json"
     if not mpath.exists():
         raise BadInput(f"split manifest not found: {mpath} (run the prepare stage first)")
-    tasks, audit = cs.generate_confirm(params.envs, params.envs.n_confirm, json.loads(mpath.read_text()))
+    tasks, audit = cs.generate_confirm(params.envs, params.envs.n_confirm, json.loads(mpath.read_text()),
+                                       params.confirm.split_round)
     manifest = cs.write_confirm(paths.confirm_split, tasks, audit, params.envs, sha256_file(mpath))
     print(f"wrote the confirmatory split: {manifest['file']['n']} tasks to {paths.confirm_split}; the pilot's test "
           f"split has {audit['pilot_test_solution_twins']} of {audit['pilot_test_n']} tasks whose solution equals "

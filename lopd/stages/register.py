@@ -78,12 +78,32 @@ def run(params: Params, paths: Paths) -> dict:
                       (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
                       if p.exists()}}
     reg = regmod.seal(clean_json(reg))  # sealed as written: write_json would clean it too
+    _refuse_earlier_reads(paths, reg)
     write_json(paths.registration, reg)
     print(f"registered {paths.registration.relative_to(paths.root)} sha256 {reg['sha256'][:16]}…: S = "
           + ", ".join(f"{p['name']} trial {p['trial']} ({p['role']})" for p in points)
           + f"; {len(cp.seeds)} seeds; power at effect {cp.effect:g}: primary "
           + (f"{design['power_primary']:.2f}, robust {design['power_robust']:.2f}" if "why" not in design else design["why"]))
     return reg
+
+
+def _refuse_earlier_reads(paths: Paths, reg: dict) -> None:
+    """A confirmation no registration could have tuned: :class:`BadInput` (exit 2, nothing written) naming every
+    earlier read of the ledger (``registration/ledger.yaml``, committed) that shares this split or a seed with
+    ``reg`` under another registration (:func:`lopd.confirmation.ledger.earlier_reads`). No ledger: no earlier
+    read on record (a workspace outside the repository)."""
+    import hashlib
+
+    from lopd.confirmation import ledger
+
+    path = paths.root / ledger.LEDGER
+    if not path.exists():
+        return
+    split_md5 = hashlib.md5((paths.confirm_split / "manifest.json").read_bytes()).hexdigest()
+    earlier = ledger.earlier_reads(ledger.load(path), reg["sha256"], split_md5, reg["seeds"])
+    if earlier:
+        raise BadInput("this confirmation would not be fresh: " + "; ".join(earlier) + f" ({path}). Choose "
+                       "confirm.seeds no registration has read and a split none has read (confirm.split_round + 1)")
 
 
 def _labels() -> dict:

@@ -203,7 +203,7 @@ STAGES: tuple[Stage, ...] = (
           params=SEED_MATRIX, outs=("results/eval/${item.arm}",),
           doc="The ONLY stage that reads the test split."),
     Stage("confirm_split", "confirm-split", deps=("data/splits/manifest.json",),
-          params=(*WORLDS[:6], "envs.max_turns", *SPLIT_SIZES, "envs.seed", "envs.n_confirm"),
+          params=(*WORLDS[:6], "envs.max_turns", *SPLIT_SIZES, "envs.seed", "envs.n_confirm", "confirm.split_round"),
           outs=("data/confirm",),
           doc="The confirmation (lopd.confirmation): the final runs above are the pilot (exploratory). "
               "confirm_split draws a fresh test split sharing no prompt or solution with train, val or test; "
@@ -218,7 +218,7 @@ STAGES: tuple[Stage, ...] = (
           outs=("models/confirm_draws/seed-${item.seed}",)),
     Stage("register", "register",
           deps=("hpo/selection.json", "hpo/trials.csv", "hpo/margin_paths.csv", "hpo/baselines.yaml", "results/eval",
-                "data/confirm/manifest.json"),
+                "data/confirm/manifest.json", "registration/ledger.yaml"),
           params=("report.alpha", "report.rule", "report.design", "confirm.slots", "confirm.seeds", "confirm.effect",
                   "confirm.efficiency_fractions", "confirm.efficiency_baseline", "envs.n_train", "envs.domains",
                   "bank.rollouts_per_task", "train.steps", "train.rollout_budget", "train.tasks_per_step"),

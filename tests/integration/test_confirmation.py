@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from lopd.analysis.confirmation import NO_CLAIM, POINT_DEPENDENT, ROBUST, analyse_amended, decide_amended
 from lopd.analysis.falsification import Rule
@@ -226,10 +227,56 @@ def test_the_confirmatory_split_shares_no_prompt_or_solution_with_the_sealed_spl
     twins = sum(solution_key(envs[t.domain], t) in {solution_key(envs[x.domain], x) for x in splits["train"]}
                 for t in splits["test"])
     assert audit["pilot_test_solution_twins"] == twins
+    # a later round is a fresh split: none of round 0's prompts or solutions, nor the sealed splits'
+    again, _ = generate_confirm(params.envs, 16, manifest, 0)
+    assert [t.to_json() for t in again] == [t.to_json() for t in tasks]  # round 0 is the split of before
+    fresh, audit1 = generate_confirm(params.envs, 16, manifest, 1)
+    assert len(fresh) == len(tasks) and audit1["split_round"] == 1 and "split_round" not in audit
+    assert not {data_mod.content_key(t) for t in fresh} & ({data_mod.content_key(t) for t in tasks} | prompts)
+    assert not {solution_key(envs[t.domain], t) for t in fresh} & ({solution_key(envs[t.domain], t) for t in tasks} | sols)
     # splits on disk that these params do not make: nothing is generated
     manifest["files"]["val"]["content"] = manifest["files"]["val"]["content"][::-1]
     with pytest.raises(BadInput, match="content keys differ"):
         generate_confirm(params.envs, 16, manifest)
+
+
+def test_register_refuses_a_split_or_seed_an_earlier_registration_read(tmp_path):
+    """The ledger (registration/ledger.yaml) is a dependency of register: a registration whose split (manifest md5)
+    or any seed an earlier registration read is refused, exit 2, naming it; its own entry (the same hash) and a
+    fresh split with fresh seeds pass. Planted fault: the call to the ledger removed from register; then nothing
+    is refused and this test fails on its first ``pytest.raises``."""
+    import hashlib
+
+    from lopd.paths import Paths
+    from lopd.stages.register import _refuse_earlier_reads
+
+    paths = Paths(tmp_path)
+    paths.confirm_split.mkdir(parents=True)
+    manifest = paths.confirm_split / "manifest.json"
+    manifest.write_text('{"file": "round 0"}\n')
+    md5 = hashlib.md5(manifest.read_bytes()).hexdigest()
+    (tmp_path / "registration").mkdir()
+    (tmp_path / "registration" / "ledger.yaml").write_text(yaml.safe_dump({"reads": [{
+        "registration": "a" * 64, "commit": "c" * 40, "date": "2026-12-04", "points": [], "seeds": [100, 101],
+        "split_manifest_md5": md5, "verdict": "v", "label": "robust to selection"}]}))
+    with pytest.raises(BadInput, match=r"not be fresh: registration aaaaaaaaaaaa… .* read the same split and seed\(s\) 100"):
+        _refuse_earlier_reads(paths, {"sha256": "b" * 64, "seeds": [100, 200]})
+    manifest.write_text('{"file": "round 1"}\n')  # a fresh split, but a seed read before
+    with pytest.raises(BadInput, match=r"read seed\(s\) 101: verdict 'v'"):
+        _refuse_earlier_reads(paths, {"sha256": "b" * 64, "seeds": [101, 200]})
+    _refuse_earlier_reads(paths, {"sha256": "b" * 64, "seeds": [200, 201]})  # fresh: passes
+    manifest.write_text('{"file": "round 0"}\n')
+    _refuse_earlier_reads(paths, {"sha256": "a" * 64, "seeds": [100, 101]})  # its own read, not an earlier one
+
+
+def test_the_committed_design_is_fresh_by_the_ledger():
+    """The default confirm.seeds and confirm.split_round are not in the ledger: a clean repro can register."""
+    from lopd.confirmation import ledger
+    from tests.conftest import REPO
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())["confirm"]
+    read = {s for r in ledger.load(REPO / ledger.LEDGER) for s in r.seeds}
+    assert not read & set(raw["seeds"]) and raw["split_round"] >= 1
 
 
 def test_confirm_params_are_validated():

@@ -94,7 +94,7 @@ def test_exp_run_argv_for_the_smoke_profile():
     assert "train.arms=[base,lopd,lopd_shuffled,lopd_binding]" in sets
     assert "hpo.lr_choices=[0.002,0.005]" in sets
     assert "sensitivity.margins=[0.0,0.05]" in sets and "sensitivity.references=[lopd_nomargin]" in sets
-    assert len(sets) == 42  # one per leaf of the profile
+    assert len(sets) == 43  # one per leaf of the profile
 
 
 @pytest.mark.parametrize("value,literal", [
