@@ -187,7 +187,7 @@ def margin_dose_png(out: Path, info: dict) -> None:
         ms = sorted(by_m)
         ax.plot(ms, [by_m[m]["mean"] for m in ms], "-", color=cmap[i % len(cmap)], lw=1.5, label=f"lopd η_β = {eta:g}")
         for m in ms:
-            sts = [s for s in by_m[m]["statuses"]]
+            sts = by_m[m]["statuses"]
             top = max(dict.fromkeys(sts), key=sts.count) if sts else ""
             ax.errorbar([m], [by_m[m]["mean"]], yerr=[by_m[m]["ci_half"] or 0.0], fmt=STATUS_MARKERS.get(top, "."),
                         color=cmap[i % len(cmap)], ms=7, capsize=3)

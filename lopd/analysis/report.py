@@ -232,9 +232,10 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
     figures.margin_dynamics_png(out, mdyn["m"])
     figures.efficiency_png(out, eff)
     figures.learning_curves_png(out)
-    figures.sensitivity_png(out, plotdata.selected_point(root))
+    selected = plotdata.selected_point(root)
+    figures.sensitivity_png(out, selected)
     dose_info = dose.dose_response(plotdata.read_plot_csv(out, "margin_dose"))
-    write_text(out / "margin_dose.md", dose.render_dose_response(dose_info, plotdata.selected_point(root)))
+    write_text(out / "margin_dose.md", dose.render_dose_response(dose_info, selected))
     figures.margin_dose_png(out, dose_info)
 
     pw = variance.rule_variance(fal, rp.alpha, rp.design.power)

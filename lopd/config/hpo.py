@@ -10,6 +10,14 @@ from lopd.arms import ARMS as ARM_REGISTRY
 from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Section
 
 
+def training_arms(arms: list[str], key: str) -> list[str]:
+    """``arms`` if each is a registered arm that trains; else the error naming ``key`` and the others."""
+    bad = [a for a in arms if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
+    if bad:
+        raise ValueError(f"{key} must be training arms; not training arms: {bad}")
+    return arms
+
+
 class HpoParams(Section):
     """Optuna TPE over margin, K, n_ret, the student learning rate and η_β, on the VALIDATION split only."""
 
@@ -72,10 +80,7 @@ class HpoParams(Section):
     @field_validator("baseline_arms")
     @classmethod
     def _baselines(cls, v):
-        bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
-        if bad:
-            raise ValueError(f"hpo.baseline_arms must be training arms; not training arms: {bad}")
-        return v
+        return training_arms(v, "hpo.baseline_arms")
 
     @field_validator("search_axes")
     @classmethod
@@ -129,7 +134,4 @@ class SensitivityParams(Section):
     @field_validator("references")
     @classmethod
     def _references(cls, v):
-        bad = [a for a in v if a not in ARM_REGISTRY or not ARM_REGISTRY[a].trains]
-        if bad:
-            raise ValueError(f"sensitivity.references must be training arms; not training arms: {bad}")
-        return v
+        return training_arms(v, "sensitivity.references")

@@ -68,7 +68,7 @@ def _status(score, margin) -> str:
 def _run_grid(params: Params, res: Resources, sel: dict, parent_run_id: str | None) -> list[dict]:
     """Every grid point × seed trained on train and scored on val, as one population."""
     from lopd.population.points import train_points
-    from lopd.tracking.names import point_label, sensitivity_run
+    from lopd.tracking.names import dose_run, sensitivity_run
 
     sp = params.sensitivity
     grid = grid_points(sel, sp)
@@ -76,10 +76,8 @@ def _run_grid(params: Params, res: Resources, sel: dict, parent_run_id: str | No
 
     def naming(p: int, seed: int) -> tuple[dict, str]:
         axis, point = grid[p]
-        if axis == "dose":
-            return ({"stage": "sensitivity", "axis": axis, "split": "val"},
-                    f"sensitivity · {point_label({k: point[k] for k in ('margin', 'eta_beta')})} · seed {seed}")
-        return {"stage": "sensitivity", "axis": axis, "split": "val"}, sensitivity_run(axis, point[axis], seed)
+        name = dose_run(point, seed) if axis == "dose" else sensitivity_run(axis, point[axis], seed)
+        return {"stage": "sensitivity", "axis": axis, "split": "val"}, name
 
     # the grid's training seeds: 2000 + s (the search's are 1000 + s, the final runs' s)
     scores = train_points(params, res, "lopd", [point for _, point in grid], [2000 + s for s in sp.seeds],
@@ -95,6 +93,8 @@ def _run_references(params: Params, res: Resources, paths: Paths, parent_run_id:
     :func:`lopd.training.run.selected_hparams`), on the grid's seeds and horizon; one population per arm."""
     from lopd.arms import get_arm
     from lopd.population.points import train_points
+    from lopd.config.train import SELECTED_KEYS
+    from lopd.tracking.names import reference_run
     from lopd.training.run import selected_hparams
 
     sp = params.sensitivity
@@ -104,12 +104,12 @@ def _run_references(params: Params, res: Resources, paths: Paths, parent_run_id:
         point = selected_hparams(params, paths.hpo / "best_params.yaml", spec)
 
         def naming(p: int, seed: int, arm=arm) -> tuple[dict, str]:
-            return {"stage": "sensitivity", "axis": "reference", "split": "val"}, f"sensitivity · {arm} · seed {seed}"
+            return {"stage": "sensitivity", "axis": "reference", "split": "val"}, reference_run(arm, seed)
 
         (per_seed,) = train_points(params, res, arm, [point], [2000 + s for s in sp.seeds], steps=steps,
                                    val_every=steps, naming=naming, parent_run_id=parent_run_id,
                                    label=f"sensitivity reference {arm}")
-        hp = {k: point.get(k, getattr(params.train, k)) for k in ("margin", "K", "n_ret", "lr_student", "eta_beta")}
+        hp = {k: point.get(k, getattr(params.train, k)) for k in SELECTED_KEYS}
         rows += [{"axis": "reference", "arm": arm, **hp, "seed": seed, "val_reward": sc.val_reward,
                   # a status only where dual ascent moves β (not lopd_fixbeta's held β, nor an arm without the margin)
                   "constraint": _status(sc, hp["margin"]) if spec.margin and spec.beta_schedule == "dual" else None}

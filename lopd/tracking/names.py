@@ -58,6 +58,16 @@ def sensitivity_run(axis: str, value, seed: int) -> str:
     return f"sensitivity · {axis}={_num(value)} · seed {seed}"
 
 
+def dose_run(point: dict, seed: int) -> str:
+    """A run of the margin's dose-response: ``sensitivity · m=0.05 η_β=50 · seed 2000``."""
+    return f"sensitivity · {point_label({k: point[k] for k in ('margin', 'eta_beta')})} · seed {seed}"
+
+
+def reference_run(arm: str, seed: int) -> str:
+    """A reference arm's run beside the sensitivity grid: ``sensitivity · lopd_frozen · seed 2000``."""
+    return f"sensitivity · {arm} · seed {seed}"
+
+
 def final_run(arm: str, seed: int) -> str:
     return f"{arm} · seed {seed}"
 
