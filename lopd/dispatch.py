@@ -67,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
                                       "identical to the committed dvc.lock (the workspace is not touched)")
     v.add_argument("stages", nargs="*", help="dvc.yaml stages (default: prepare base bank bank_draw@0)")
     v.add_argument("--keep", action="store_true", help="keep the scratch copy")
+    sub.add_parser("lock-status", help="exit 1 (naming each difference) when the committed dvc.lock does not describe "
+                                       "this tree: a code, params or committed dep changed, or a committed report")
     g = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage registry (lopd/stages/registry.py), its code "
                                         "deps from the import graph")
     g.add_argument("--check", action="store_true", help="write nothing; exit 1 if dvc.yaml differs from the registry")

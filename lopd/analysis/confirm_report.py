@@ -41,7 +41,7 @@ def load_confirmation(root: Path, reg: dict) -> tuple[dict, list[str]]:
     return by_point, problems
 
 
-def confirmation(rule: Rule, root: Path, reg: dict | None) -> dict | None:
+def confirmation(rule: Rule, root: Path, reg: dict | None, ledger: str | None = None) -> dict | None:
     """Everything the report shows of the confirmation under registration ``reg`` (already loaded and
     checked by the report stage), or None when there is none. The registered rule decides; ``rule`` (the
     params' one) is only compared with it."""
@@ -55,12 +55,18 @@ def confirmation(rule: Rule, root: Path, reg: dict | None) -> dict | None:
     if registered != rule:
         problems.append("report.rule in params.yaml differs from the registered rule: the registered rule decides")
     rule = registered
-    out = {"registration": reg, "problems": problems, "by_point": by_point}
+    out = {"registration": reg, "problems": problems, "by_point": by_point, "ledger": ledger}
     if not any(by_point.values()):
         out["why"] = "no confirmatory evaluation results under confirm/eval/ (run confirm_evaluate)"
         return out
     am = analyse_amended(rule, by_point)
     out["amended"] = am
+    mech = reg.get("mechanism") or {}
+    if "point" in mech:
+        from lopd.analysis.confirmation import mechanism_rule
+        from lopd.analysis.falsification import analyse
+
+        out["mechanism"] = analyse(mechanism_rule(mech), by_point.get(mech["point"], {}))
     out["spec_curve"] = spec_curve_rows(am, reg["points"])
     return out
 
@@ -81,6 +87,10 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
           "written by stage `register` from the search's val outputs and the pilot's results; `confirm_evaluate`, the "
           "only stage that reads the confirmatory split, refuses to run without it and checks every run was trained "
           "under this hash).", ""]
+    led = conf.get("ledger")
+    md += [f"Ledger: {led}." if led else "Ledger: **this registration is not in `registration/ledger.yaml`**: append "
+           "its entry (the fields its header names) in the commit that commits this verdict, then `dvc repro` again "
+           "(register and report read the ledger).", ""]
     md += [f"- {p}" for p in conf["problems"]] + ([""] if conf["problems"] else [])
     if "why" in conf:
         return md + [f"**No confirmatory verdict: {conf['why']}.**", ""]
@@ -98,10 +108,9 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
                + "; ".join(am["missing"]) + ".", ""]
     md += [md_table(["test (average over S)", "n", "estimate", "95% CI", "one-sided p (t)", "one-sided p (sign flip)",
                      "rejects at α"],
-                    [[t["name"], str(t["n"]), f"{t['diff']:+.4f}" if t.get("diff") is not None else "n/a", _ci(t),
-                      fmt_p(t["p"]) if t.get("p") is not None else "n/a",
-                      fmt_p(t["p_exact"]) if t.get("p_exact") is not None else "n/a", "yes" if t["reject"] else "no"]
-                     for t in am["primary"]["tests"]]), "", INFERENCE_SCOPE, ""]
+                    _test_rows(am["primary"]["tests"])), "", INFERENCE_SCOPE, ""]
+    if reg.get("mechanism"):
+        md += ["## H2: the paper's mechanism (registered)", "", *mechanism_lines(reg["mechanism"], conf.get("mechanism"))]
     md += ["## Specification curve", "",
            "Every contrast of the rule at every point of S, in val-rank order, each with its point's margin status on "
            "val (the search's runs at that point), then the average over S (the primary). Estimates are mean "
@@ -127,6 +136,36 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
                       "—" if p.get("max_delta") is None else fmt(p["max_delta"], 4)] for p in pts]), ""]
     md += [f"- {x}" for x in reg.get("notes", [])] + ([""] if reg.get("notes") else [])
     return md
+
+
+def _test_rows(tests: list[dict]) -> list[list[str]]:
+    return [[t["name"], str(t["n"]), f"{t['diff']:+.4f}" if t.get("diff") is not None else "n/a", _ci(t),
+             fmt_p(t["p"]) if t.get("p") is not None else "n/a",
+             fmt_p(t["p_exact"]) if t.get("p_exact") is not None else "n/a", "yes" if t["reject"] else "no"]
+            for t in tests]
+
+
+def mechanism_lines(mech: dict, result: dict | None) -> list[str]:
+    """H2's verdict (the paper's mechanism at the binding point), its tests and registered power; or why H2 is not
+    registered. A registered negative is stated as a finding."""
+    if not mech:
+        return []
+    if "point" not in mech:
+        return [f"**H2 (the paper's mechanism) not registered:** {mech['why']}.", ""]
+    d = mech.get("design") or {}
+    power = (f"registered power {fmt(d['power'], 2)} at effect {d['effect']:g} with {d['n_seeds']} seeds (pilot "
+             f"covariance at its {d.get('upper', 0.8):.0%} upper bound)" if "power" in d else
+             f"no registered power ({d.get('why', 'no design')})")
+    head = f"H2, the paper's mechanism, at {mech['point']} (trial {mech['trial']}, the binding point): lopd beats " \
+           + " and ".join(mech["controls"])
+    if result is None or not result.get("tests"):
+        return [f"**{head}: no verdict** (no confirmatory results at {mech['point']}); {power}.", ""]
+    holds = result["verdict"]["claim"]
+    verdict = "**holds**" if holds else "**does not hold: a registered negative, a finding about the mechanism**"
+    return [f"{head}: {verdict} ({sum(t['reject'] for t in result['tests'])} of {len(result['tests'])} tests reject "
+            f"at α = {mech['alpha']:g}; {power}).", "",
+            md_table(["test (H2, at its point)", "n", "estimate", "95% CI", "one-sided p (t)", "one-sided p (sign flip)",
+                      "rejects at α"], _test_rows(result["tests"])), ""]
 
 
 def design_lines(reg: dict) -> list[str]:

@@ -35,6 +35,13 @@ LABEL_TEXT = {
 }
 
 
+def mechanism_rule(mech: Mapping) -> Rule:
+    """H2 (``registration.json``'s ``mechanism``) as a :class:`Rule` with part (i) only: the treatment beats each
+    control (part (ii) empty holds vacuously), so the rule's own tests, CIs and sign-flip p-values apply at H2's
+    point."""
+    return Rule(mech["text"], mech["treatment"], tuple(mech["controls"]), (), None, "base", mech["alpha"])
+
+
 def _label(primary, every, some):
     robust = primary & every
     dependent = ~robust & (primary | some)

@@ -185,10 +185,12 @@ def pilot_section(md: str) -> str:
                       "confirmation's design (registration.json); the verdict above is the confirmatory one.", *body])
 
 
-def build_report(params: Params, root: Path = Path("."), registration: dict | None = None) -> dict:
+def build_report(params: Params, root: Path = Path("."), registration: dict | None = None,
+                 ledger: str | None = None) -> dict:
     """Write every report file under ``root/reports/`` and return the summary (also ``summary.json``).
     ``registration``: ``registration/registration.json`` as the report stage loaded and checked it
-    (:func:`lopd.confirmation.registration.load`); None: no confirmatory verdict."""
+    (:func:`lopd.confirmation.registration.load`); None: no confirmatory verdict. ``ledger``: its read in the
+    ledger, in words (:func:`lopd.confirmation.ledger.entry_line`); None: not recorded."""
     root = Path(root)
     out, rp = root / REPORT_DIR, params.report
     runs = load_runs(root)
@@ -209,7 +211,7 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
     fal = analyse(rule, {a: values(evals, a) for a in rule.arms()})
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
     margin_contrasts = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms}, not_run)
-    conf = confirm_report.confirmation(rule, root, registration)
+    conf = confirm_report.confirmation(rule, root, registration, ledger)
     head = confirm_report.render_confirmation(conf, confirm_report.spec_curve_png(out, conf))
     pilot = render(rule, fal, premise, _design_note(params, rule, fal), ci_scope(params.train.per_seed_draws),
                    margin_contrasts)

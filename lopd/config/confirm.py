@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from lopd.arms import ARMS
 from lopd.config.section import Bound, DistinctList, DistinctOrEmptyList, Section
 
 
@@ -25,6 +26,10 @@ class ConfirmParams(Section):
         "the registered smallest effect of interest: every contrast of the rule, in mean test reward; the design "
         "(power, seeds needed) is computed at it"))
 
+    mechanism_controls: DistinctOrEmptyList[str] = Field(description=(
+        "H2, the paper's mechanism, registered when S has a binding point: at that point lopd (whose margin binds "
+        "there) beats each of these arms, trained at that point on the confirmation seeds; one-sided paired t-tests "
+        "at report.alpha, all must reject (intersection-union); [] = no H2"))
     efficiency_fractions: DistinctOrEmptyList[float, Bound(gt=0)] = Field(description=(
         "registered checkpoints of the efficiency curve on the confirmatory split, as fractions of the training "
         "steps: after round(f × steps) steps (at least 1, below the last, distinct; the last step's student is the "
@@ -41,6 +46,10 @@ class ConfirmParams(Section):
         if any(f >= 1 for f in self.efficiency_fractions):
             raise ValueError(f"confirm.efficiency_fractions must be < 1 (the last step's student is the run's own), "
                              f"got {self.efficiency_fractions}")
+        bad = [a for a in self.mechanism_controls if a not in ARMS or not ARMS[a].trains or a == "lopd"]
+        if bad:
+            raise ValueError(f"confirm.mechanism_controls: {', '.join(map(repr, bad))} is not a trained arm other "
+                             f"than lopd (arms: {', '.join(ARMS)})")
         if self.efficiency_fractions and self.efficiency_baseline is None:
             raise ValueError("confirm.efficiency_fractions needs confirm.efficiency_baseline (the arm lopd is "
                              "measured against)")

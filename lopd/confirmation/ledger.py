@@ -86,6 +86,22 @@ def earlier_reads(reads: list[Read], registration: str, split_manifest_md5: str,
     return lines
 
 
+def entry_line(root: Path, registration: str) -> str | None:
+    """Registration ``registration``'s read in ``root``'s ledger, in words: its position, commit and date, and
+    whether it was fresh (no split or seed of an earlier read, :func:`earlier_reads`); None when the ledger does
+    not record it (yet)."""
+    path = Path(root) / LEDGER
+    reads = load(path) if path.exists() else []
+    i = next((i for i, r in enumerate(reads) if r.registration == registration), None)
+    if i is None:
+        return None
+    r = reads[i]
+    earlier = earlier_reads(reads[:i], registration, r.split_manifest_md5, r.seeds)
+    fresh = (f"fresh: it shares no split or seed with the {i} read(s) before it" if not earlier else
+             f"**not fresh**: it shares a split or seeds with {len(earlier)} of the {i} read(s) before it")
+    return f"read {i + 1} of {len(reads)} in `{LEDGER}` (commit `{r.commit[:7]}`, {r.date[:10]}); {fresh}"
+
+
 def _ranges(xs: list[int]) -> str:
     """``[100, 101, 102, 105]`` -> ``100-102, 105``."""
     out, start = [], None

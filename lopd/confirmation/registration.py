@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from lopd.config import Params
 
 
-PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency")
+PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency", "mechanism")
 
 
 def _h(obj) -> str:
@@ -190,6 +190,47 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
     return out
 
 
+MECHANISM_TEXT = ("H2, the paper's mechanism: at S's binding point (the best val trial whose margin binds), lopd "
+                  "beats each control trained at that point on the same fresh seeds; one-sided paired t-tests at "
+                  "alpha on the per-seed mean confirmatory test reward, all must reject (intersection-union). A "
+                  "registered negative is a finding.")
+
+
+def mechanism_part(points: list[dict], controls: list[str], *, pilot_by_seed: dict, alpha: float, effect: float,
+                   n_seeds: int, upper: float, n_sim: int) -> dict:
+    """H2's registration: {"why"} when it is not registered (no controls, or S has no binding point), else the
+    point, the treatment (lopd at that point), the controls, α, the text and its design: the power of H2 (every
+    test rejects) at ``n_seeds`` seeds with every contrast at ``effect``, the pilot's covariance of
+    lopd_binding − control (each control at its own pilot point: a sizing figure, not a test) inflated to its
+    one-sided ``upper`` bound as :func:`design` does."""
+    from scipy import stats
+
+    from lopd.analysis.falsification import Rule
+    from lopd.analysis.power import joint_power
+
+    if not controls:
+        return {"why": "confirm.mechanism_controls is empty: H2 is not registered"}
+    bind = next((p for p in points if "binding" in p["role"]), None)
+    if bind is None:
+        return {"why": "S has no binding point (no search trial's margin binds in enough of its seeds on val): H2 "
+                       "is not registered"}
+    mech = {"point": bind["name"], "trial": bind["trial"], "treatment": "lopd", "controls": list(controls),
+            "alpha": alpha, "text": MECHANISM_TEXT}
+    names, contrasts = pilot_contrasts(Rule("", "lopd_binding", tuple(controls), (), None, "base", alpha),
+                                       pilot_by_seed)
+    n = contrasts.shape[0]
+    if n < 3:
+        mech["design"] = {"why": "the pilot has fewer than 3 seeds shared by lopd_binding and every control"}
+        return mech
+    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    cov_u = np.atleast_2d(np.cov(contrasts, rowvar=False)) * factor
+    mech["design"] = {"pilot_n": n, "tests": names, "sd_upper": np.sqrt(np.diag(cov_u)).tolist(), "upper": upper, "effect": effect,
+                      "n_seeds": n_seeds, "n_sim": n_sim,
+                      "power": joint_power(np.full(len(names), float(effect)), cov_u, n_seeds, alpha=alpha,
+                                           n_sim=n_sim)}
+    return mech
+
+
 def efficiency_part(params: Params, baselines: dict, points: list[dict]) -> dict | None:
     """What the efficiency curve on the confirmatory split registers (None: ``confirm.efficiency_baseline`` is
     null): lopd at S's selected point keeps its student after each of ``confirm.efficiency_fractions``' steps (and its
@@ -212,9 +253,14 @@ def efficiency_part(params: Params, baselines: dict, points: list[dict]) -> dict
 
 def slot_arms(reg: dict, slot: int) -> list[str]:
     """The arms trained at ``slot`` (``confirm_train@slot``, and evaluated by ``confirm_evaluate``): the rule's
-    trained arms; at slot 0 also the shared ones (base) and the efficiency baseline (not point-dependent)."""
+    trained arms; at slot 0 also the shared ones (base) and the efficiency baseline (not point-dependent); at H2's
+    point (the binding point) also H2's controls."""
     extra = [*reg["arms"]["shared"], *([reg["efficiency"]["baseline"]] if reg.get("efficiency") else [])]
-    return [*reg["arms"]["trained"], *(a for a in dict.fromkeys(extra) if a not in reg["arms"]["trained"] and slot == 0)]
+    arms = [*reg["arms"]["trained"], *(a for a in dict.fromkeys(extra) if a not in reg["arms"]["trained"] and slot == 0)]
+    mech = reg.get("mechanism") or {}
+    if slot < len(reg["points"]) and mech.get("point") == reg["points"][slot]["name"]:
+        arms += [a for a in mech["controls"] if a not in arms]  # H2's controls at the binding point
+    return arms
 
 
 def snapshot_steps(reg: dict, point_name: str, arm: str) -> list[int]:

@@ -62,6 +62,10 @@ def run(params: Params, paths: Paths) -> dict:
     design = regmod.design(names, contrasts, effect=cp.effect, n_seeds=len(cp.seeds), n_points=len(points),
                            alpha=rp.alpha, power=rp.design.power, upper=rp.design.pilot_upper, n_sim=rp.design.n_sim,
                            n_sim_null=rp.design.n_sim_null)
+    mech_arms = ["lopd_binding", *cp.mechanism_controls]
+    mechanism = regmod.mechanism_part(points, list(cp.mechanism_controls), alpha=rp.alpha, effect=cp.effect,
+                                      n_seeds=len(cp.seeds), upper=rp.design.pilot_upper, n_sim=rp.design.n_sim,
+                                      pilot_by_seed={a: values(evals, a) for a in mech_arms})
     cmanifest = _read(paths.confirm_split / "manifest.json", "the confirmatory split's manifest")
     arms = rule.arms()
     reg = {"rule": {"text": rp.rule.text, "treatment": rule.treatment, "gain_over": list(rule.gain_over),
@@ -73,7 +77,7 @@ def run(params: Params, paths: Paths) -> dict:
            "seeds": list(cp.seeds), "effect": cp.effect, "design": design,
            "confirm_split": {"manifest_sha256": sha256_file(paths.confirm_split / "manifest.json"),
                              "sha256": cmanifest["file"]["sha256"], "n": cmanifest["file"]["n"]},
-           "efficiency": regmod.efficiency_part(params, baselines, points),
+           "efficiency": regmod.efficiency_part(params, baselines, points), "mechanism": mechanism,
            "inputs": {str(p.relative_to(paths.root)): sha256_file(p) for p in
                       (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
                       if p.exists()}}
@@ -83,7 +87,9 @@ def run(params: Params, paths: Paths) -> dict:
     print(f"registered {paths.registration.relative_to(paths.root)} sha256 {reg['sha256'][:16]}…: S = "
           + ", ".join(f"{p['name']} trial {p['trial']} ({p['role']})" for p in points)
           + f"; {len(cp.seeds)} seeds; power at effect {cp.effect:g}: primary "
-          + (f"{design['power_primary']:.2f}, robust {design['power_robust']:.2f}" if "why" not in design else design["why"]))
+          + (f"{design['power_primary']:.2f}, robust {design['power_robust']:.2f}" if "why" not in design else design["why"])
+          + ("; H2 " + (mechanism["why"] if "why" in mechanism else f"at {mechanism['point']}: lopd > "
+                        + ", ".join(mechanism["controls"]))))
     return reg
 
 

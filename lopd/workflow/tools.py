@@ -1,6 +1,6 @@
 """The ``lopd`` commands that run no stage: the tools around the pipeline.
 
-``repro`` (the guarded ``dvc repro``), ``verify``, ``dvc-yaml``, ``exp run``, ``params``, ``doctor``,
+``repro`` (the guarded ``dvc repro``), ``verify``, ``lock-status``, ``dvc-yaml``, ``exp run``, ``params``, ``doctor``,
 ``apply-profile`` and ``make-standin``. :mod:`lopd.dispatch` imports this module by name, only for
 these commands, so no stage's code deps include the tools.
 """
@@ -20,6 +20,10 @@ def run(args) -> int:
         from lopd.workflow.verify import verify
 
         return verify(Paths.for_params(args.params).root, args.stages or None, keep=args.keep)
+    if args.cmd == "lock-status":
+        from lopd.workflow.lockstale import main
+
+        return main(Paths.for_params(args.params).root)
     if args.cmd == "dvc-yaml":
         from lopd.workflow.dvcgen import write
 
