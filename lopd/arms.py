@@ -30,6 +30,12 @@ class ArmSpec:
     point: Literal["selected", "binding"] = "selected"
     description: str = ""
 
+    def unread_coordinates(self) -> tuple[str, ...]:
+        """The search point's coordinates this arm's runs never read: without a margin, m and η_β (no dual variable,
+        no ramp). Two runs of the arm that differ only there train the same bits
+        (``tests/integration/test_shared_runs.py``), so the confirmation trains them once."""
+        return ("margin", "eta_beta") if not self.margin else ()
+
     def to_dict(self) -> dict:
         return asdict(self)
 

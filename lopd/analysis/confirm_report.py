@@ -38,6 +38,10 @@ def load_confirmation(root: Path, reg: dict) -> tuple[dict, list[str]]:
         dest.setdefault(r["arm"], {})[int(r["seed"])] = float(r["test_reward"])
     for p in by_point.values():
         p.update(shared)
+    for point, arms in (reg.get("shared_runs") or {}).items():  # trained once, at an earlier point: counts at both
+        for arm, src in arms.items():
+            if arm in by_point.get(src, {}):
+                by_point.setdefault(point, {})[arm] = by_point[src][arm]
     return by_point, problems
 
 
@@ -135,7 +139,18 @@ def render_confirmation(conf: dict | None, spec_png: str | None) -> list[str]:
                       ", ".join(p["margin_status"] or []) or "—",
                       "—" if p.get("max_delta") is None else fmt(p["max_delta"], 4)] for p in pts]), ""]
     md += [f"- {x}" for x in reg.get("notes", [])] + ([""] if reg.get("notes") else [])
+    md += shared_run_lines(reg)
     return md
+
+
+def shared_run_lines(reg: dict) -> list[str]:
+    """Which runs count at two points of S (``registration.json``'s ``shared_runs``), and why that is exact."""
+    pairs = [(pt, arm, src) for pt, arms in (reg.get("shared_runs") or {}).items() for arm, src in arms.items()]
+    if not pairs:
+        return ["No run is shared between points: every (arm, point) reads a coordinate that differs.", ""]
+    return ["**Runs trained once and counted at two points** (no run trained twice: the arm reads nothing that differs "
+            "between the points, e.g. no m or η_β without a margin, so the two runs would be the same bits): "
+            + "; ".join(f"{arm} at {pt} is {src}'s run" for pt, arm, src in pairs) + ".", ""]
 
 
 def _test_rows(tests: list[dict]) -> list[list[str]]:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from lopd.config import Params
 
 
-PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency", "mechanism")
+PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency", "mechanism",
+         "shared_runs")
 
 
 def _h(obj) -> str:
@@ -271,6 +272,52 @@ def snapshot_steps(reg: dict, point_name: str, arm: str) -> list[int]:
     if arm == eff.get("baseline") or (arm == eff.get("arm") and point_name == eff.get("point")):
         return list(eff["steps"])
     return []
+
+
+def point_hparams(reg: dict, point: dict, arm: str) -> dict:
+    """The hyper-parameters registration ``reg`` fixes for ``arm`` at ``point``: the point's, or the efficiency
+    baseline's own tuned values; and the efficiency checkpoints where it registers them (``snapshot_steps``)."""
+    eff = reg.get("efficiency") or {}
+    if arm == eff.get("baseline"):
+        hp = dict(eff["baseline_hparams"])
+    else:
+        hp = {k: point[k] for k in ("margin", "K", "n_ret", "lr_student", "eta_beta") if k in point}
+        if arm == "lopd_frozen":
+            hp["lr_student"] = point["lr_frozen"]
+    steps = snapshot_steps(reg, point["name"], arm)
+    return {**hp, "snapshot_steps": tuple(steps)} if steps else hp
+
+
+def shared_runs(reg: dict) -> dict[str, dict[str, str]]:
+    """No run trained twice: ``{point: {arm: earlier point}}`` for each arm whose runs at a point would read exactly
+    what its runs at an earlier point of S read (:func:`point_hparams` less the arm's
+    :meth:`~lopd.arms.ArmSpec.unread_coordinates`; the seeds and each seed's draw are the same at every point), e.g.
+    lopd_frozen at two points that differ only in m or η_β. Such a run is trained and evaluated once, at the earlier
+    point, and counts at both."""
+    from lopd.arms import get_arm
+
+    first: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
+    for slot, point in enumerate(reg["points"]):
+        for arm in slot_arms(reg, slot):
+            spec = get_arm(arm)
+            if not spec.trains or arm in reg["arms"]["shared"]:
+                continue  # base: one run for every point already
+            hp = point_hparams(reg, point, arm)
+            read = {k: v for k, v in hp.items() if k not in spec.unread_coordinates()}
+            key = json.dumps({"arm": arm, **read}, sort_keys=True, default=list)
+            if key in first:
+                out.setdefault(point["name"], {})[arm] = first[key]
+            else:
+                first[key] = point["name"]
+    return out
+
+
+def trained_at(reg: dict, slot: int) -> list[str]:
+    """The arms ``confirm_train@slot`` trains and ``confirm_evaluate`` evaluates there: :func:`slot_arms` less the
+    runs an earlier point already trains (``reg["shared_runs"]``)."""
+    shared = (reg.get("shared_runs") or {}).get(reg["points"][slot]["name"], {}) if slot < len(reg["points"]) else {}
+    return [a for a in slot_arms(reg, slot) if a not in shared]
 
 
 def seal(reg: dict) -> dict:

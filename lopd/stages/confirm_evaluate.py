@@ -30,7 +30,7 @@ def run(params: Params, paths: Paths) -> dict:
             continue
         point = reg["points"][slot]
         baseline = (reg.get("efficiency") or {}).get("baseline")
-        for arm in regmod.slot_arms(reg, slot):
+        for arm in regmod.trained_at(reg, slot):  # a shared run is evaluated once, where it was trained
             where = "shared" if arm in reg["arms"]["shared"] or arm == baseline else point["name"]  # not point-dependent
             steps = regmod.snapshot_steps(reg, point["name"], arm)
             for s in reg["seeds"]:

@@ -5,7 +5,9 @@ point. The point's m, K, n_ret and lr apply to every arm, except lopd_frozen's l
 Slot 0 also trains the registered efficiency baseline (GRPO, at its own values tuned on val), and lopd there and
 the baseline keep their students at the registered efficiency checkpoints (``snapshots/step-<t>``). A slot
 beyond S's size writes ``not_run.json`` saying so. ``base`` does not train: slot 0 holds its
-students (shared by every point). The registration's hash is written beside the runs once they are all
+students (shared by every point). At H2's point (the binding one) H2's controls train too. A run that an earlier
+point already trains (``registration.json``'s ``shared_runs``: it reads nothing that differs between the points)
+is not trained again. The registration's hash is written beside the runs once they are all
 done (``confirm_evaluate`` refuses runs without it, or under another), and keys their checkpoints."""
 
 from __future__ import annotations
@@ -13,22 +15,6 @@ from __future__ import annotations
 from lopd.config import Params
 from lopd.paths import NOT_RUN, Paths, REGISTRATION_MARKER as MARKER
 from lopd.utils import write_json
-
-
-def point_hparams(reg: dict, point: dict, arm: str) -> dict:
-    """The hyper-parameters registration ``reg`` fixes for ``arm`` at ``point``: the point's, or the efficiency
-    baseline's own tuned values; and the efficiency checkpoints where it registers them (``snapshot_steps``)."""
-    from lopd.confirmation import registration as regmod
-
-    eff = reg.get("efficiency") or {}
-    if arm == eff.get("baseline"):
-        hp = dict(eff["baseline_hparams"])
-    else:
-        hp = {k: point[k] for k in ("margin", "K", "n_ret", "lr_student", "eta_beta") if k in point}
-        if arm == "lopd_frozen":
-            hp["lr_student"] = point["lr_frozen"]
-    steps = regmod.snapshot_steps(reg, point["name"], arm)
-    return {**hp, "snapshot_steps": tuple(steps)} if steps else hp
 
 
 def run(params: Params, paths: Paths, slot: int) -> dict:
@@ -53,13 +39,13 @@ def run(params: Params, paths: Paths, slot: int) -> dict:
         print(f"confirm slot {slot}: not run: {why}")
         return {}
     point, seeds = reg["points"][slot], reg["seeds"]
-    arms = regmod.slot_arms(reg, slot)
+    arms = regmod.trained_at(reg, slot)  # a run another point already trains is not trained again
     res = load_resources(params, paths, role="train", need_bank=True, draw=seeds[0], dirs=paths.confirm_draw(seeds[0]))
     results = {}
     key = reg["sha256"][:12]  # checkpoints of another registration (other S, seeds or rule) are never resumed
     for arm in arms:
         spec = get_arm(arm)
-        hp = job_hparams(params, spec, None, point_hparams(reg, point, arm))
+        hp = job_hparams(params, spec, None, regmod.point_hparams(reg, point, arm))
         tags = {"stage": "confirm_train", "point": point["name"], "trial": str(point["trial"]),
                 "registration": reg["sha256"][:16]}
         jobs = [Job(s, hp, out / arm / f"seed-{s}", tags=tags, run_name=f"confirm {point['name']} · {arm} · seed {s}",

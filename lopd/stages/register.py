@@ -81,6 +81,7 @@ def run(params: Params, paths: Paths) -> dict:
            "inputs": {str(p.relative_to(paths.root)): sha256_file(p) for p in
                       (hpo / "selection.json", hpo / "trials.csv", hpo / "margin_paths.csv", hpo / "baselines.yaml")
                       if p.exists()}}
+    reg["shared_runs"] = regmod.shared_runs(reg)
     reg = regmod.seal(clean_json(reg))  # sealed as written: write_json would clean it too
     _refuse_earlier_reads(paths, reg)
     write_json(paths.registration, reg)

@@ -69,25 +69,31 @@ def test_every_arm_writes_result_and_same_history_columns(arm_runs):
 @pytest.mark.parametrize("arm", ["lopd_frozen", "lopd_nomargin", "opsd_text"])
 def test_an_arm_without_the_margin_trains_the_same_student_at_every_m(workspace, tmp_path, arm):
     """A run is keyed by what it reads (no run trained twice): an arm whose margin is off (``ArmSpec.margin``) reads
-    m only in the ``margin_sat_frac`` it logs. Trained at m = 0.05 and at m = 2, its student is bit for bit the same,
-    and so is its history but that column. So such an arm's runs at points of S that differ only in m are one run
-    (at the default design's p0 and p1, lopd_frozen trains twice today)."""
+    m and η_β (``ArmSpec.unread_coordinates``) only in the ``margin_sat_frac`` it logs. Trained at (m 0.05, η_β 0.5)
+    and at (m 2, η_β 500), every weight file it writes (student, and composer where it trains one) is bit for bit
+    the same, and so is its history but that column. So the confirmation trains such an arm once for points of S
+    that differ only there (``lopd.confirmation.registration.shared_runs``)."""
+    from lopd.arms import get_arm
     from lopd.stages.common import load_resources
     from lopd.training.run import run_arm
 
+    assert get_arm(arm).unread_coordinates() == ("margin", "eta_beta")
     params = _small(workspace)
     got = {}
-    for m in (0.05, 2.0):
+    for m, eta in ((0.05, 0.5), (2.0, 500.0)):
         res = load_resources(params, workspace.paths, role="train")
         res.val_tasks = res.val_tasks[:2]
-        run_arm(params, res, arm, 0, tmp_path / f"m{m}", ckpt_dir=None, hp_over={"margin": m})
-        with open(tmp_path / f"m{m}" / "history.csv", newline="") as f:
+        out = tmp_path / f"m{m}"
+        run_arm(params, res, arm, 0, out, ckpt_dir=None, hp_over={"margin": m, "eta_beta": eta})
+        with open(out / "history.csv", newline="") as f:
             rows = list(csv.DictReader(f))
-        got[m] = ((tmp_path / f"m{m}" / "student.safetensors").read_bytes(), rows)
-    (student_a, hist_a), (student_b, hist_b) = got[0.05], got[2.0]
-    assert student_a == student_b
+        weights = {p.name: p.read_bytes() for p in sorted(out.glob("*.safetensors"))}
+        got[m] = (weights, rows)
+    (weights_a, hist_a), (weights_b, hist_b) = got[0.05], got[2.0]
+    assert "student.safetensors" in weights_a and weights_a == weights_b
     assert [{k: v for k, v in r.items() if k != "margin_sat_frac"} for r in hist_a] == \
            [{k: v for k, v in r.items() if k != "margin_sat_frac"} for r in hist_b]
+
 
 def test_rollout_budget_is_equal_across_arms(arm_runs):
     for arm, (r, d) in arm_runs.items():

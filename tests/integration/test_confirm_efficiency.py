@@ -64,8 +64,7 @@ def test_the_registration_fixes_the_baseline_its_values_and_the_checkpoints(work
     """efficiency_part: the baseline's own tuned values from baselines.yaml, the steps, the bank's rollouts;
     an untuned baseline is refused. point_hparams: lopd at the efficiency point and the baseline keep snapshots,
     lopd elsewhere and the other arms do not; slot_arms: the baseline trains at slot 0 only."""
-    from lopd.confirmation.registration import efficiency_part, slot_arms
-    from lopd.stages.confirm_train import point_hparams
+    from lopd.confirmation.registration import efficiency_part, point_hparams, slot_arms
 
     p = workspace.params(confirm={"efficiency_fractions": [0.25, 0.5, 0.75], "efficiency_baseline": "grpo"})
     pts = [{"name": "p0", "margin": 0.1, "K": 4, "n_ret": 2, "lr_student": 0.005, "lr_frozen": 0.002},

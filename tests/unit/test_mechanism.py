@@ -124,3 +124,36 @@ def test_mechanism_controls_are_validated_and_the_rule_names_the_clean_content_c
     p = default_params()
     assert "lopd_nocontent" in p.report.rule.content_controls and "lopd_nocontent" in p.report.rule.text
     assert p.confirm.mechanism_controls == CONTROLS
+
+
+def test_a_run_that_reads_nothing_that_differs_is_trained_once():
+    """shared_runs by hand: p0 and p1 differ only in m and η_β, so lopd_frozen (no margin) at p1 is p0's run while
+    lopd and lopd_nocontent (they read m) train at both; p2 differs in K, so nothing there is shared; H2's
+    lopd_nomargin trains at p2 only. trained_at leaves the shared run out; the report maps it back and says so."""
+    pt = {"K": 8, "n_ret": 1, "lr_student": 0.005, "lr_frozen": 0.002}
+    points = [{"name": "p0", "trial": 3, "role": "selected", "margin": 1.0, "eta_beta": 500.0, **pt},
+              {"name": "p1", "trial": 5, "role": "tied", "margin": 2.0, "eta_beta": 50.0, **pt},
+              {"name": "p2", "trial": 13, "role": "binding", "margin": 0.005, "eta_beta": 0.5, **pt, "K": 4}]
+    reg = {"points": points, "arms": {"trained": ["lopd", "lopd_frozen", "lopd_nocontent"], "shared": ["base"]},
+           "mechanism": {"point": "p2", "controls": CONTROLS}}
+    assert regmod.shared_runs(reg) == {"p1": {"lopd_frozen": "p0"}}
+    reg["shared_runs"] = regmod.shared_runs(reg)
+    assert regmod.trained_at(reg, 0) == ["lopd", "lopd_frozen", "lopd_nocontent", "base"]
+    assert regmod.trained_at(reg, 1) == ["lopd", "lopd_nocontent"]
+    assert regmod.trained_at(reg, 2) == ["lopd", "lopd_frozen", "lopd_nocontent", "lopd_nomargin"]
+    # a different lopd_frozen lr breaks the sharing: lr is read
+    assert regmod.shared_runs({**reg, "points": [points[0], {**points[1], "lr_frozen": 0.01}]}) == {}
+    from lopd.analysis.confirm_report import shared_run_lines
+
+    assert "lopd_frozen at p1 is p0's run" in shared_run_lines(reg)[0]
+    assert shared_run_lines({**reg, "shared_runs": {}})[0].startswith("No run is shared")
+
+
+def test_the_report_counts_a_shared_run_at_both_points(tmp_path):
+    from lopd.analysis.confirm_report import load_confirmation
+
+    _write_eval(tmp_path, "p0", "lopd_frozen", {200: 0.3, 201: 0.4})
+    _write_eval(tmp_path, "p1", "lopd", {200: 0.5, 201: 0.6})
+    reg = {"sha256": "h", "points": [{"name": "p0"}, {"name": "p1"}], "shared_runs": {"p1": {"lopd_frozen": "p0"}}}
+    by_point, problems = load_confirmation(tmp_path, reg)
+    assert by_point["p1"]["lopd_frozen"] == by_point["p0"]["lopd_frozen"] == {200: 0.3, 201: 0.4} and not problems
