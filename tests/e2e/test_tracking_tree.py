@@ -381,7 +381,7 @@ def test_cli_exits_2_when_tracking_must_not_fail(make_params, tmp_path, capsys, 
     import lopd.analysis.report
     from lopd.cli import main
 
-    monkeypatch.setattr(lopd.analysis.report, "build_report", lambda params, root, registration=None: {})
+    monkeypatch.setattr(lopd.analysis.report, "build_report", lambda params, root, registration=None, ledger=None: {})
     params = make_params(uri="http://127.0.0.1:9", on_failure="fail")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params.model_dump()))
     _report_files()
