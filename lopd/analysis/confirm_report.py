@@ -172,8 +172,10 @@ CLAIM_NAMES = {"primary": "the primary", "robust": "the robust label"}
 
 
 def rate_cell(r: dict) -> str:
-    """A simulated rate: share, k/n and its Clopper–Pearson 95% interval."""
-    return f"{r['rate']:.4f} ({r['k']}/{r['n']}; 95% CI [{r['ci_low']:.3f}, {r['ci_high']:.3f}])"
+    """A simulated rate: share, k/n and its Clopper–Pearson 95% interval (bounds to 3 decimals, 4 where one
+    lies within 0.01 of 0 or 1, so a small interval does not read [0.000, 0.000])."""
+    nd = 3 if all(0.01 <= x <= 0.99 for x in (r["ci_low"], r["ci_high"])) else 4
+    return f"{r['rate']:.4f} ({r['k']}/{r['n']}; 95% CI [{r['ci_low']:.{nd}f}, {r['ci_high']:.{nd}f}])"
 
 
 def _scenario(r: dict) -> str:
@@ -222,10 +224,13 @@ def false_claim_lines(d: dict) -> list[str]:
                    f"false-claim risk near {r['rate']:.3f}, not α (a rate exactly at α misses its interval with "
                    "probability 2.5%, so across many rows one such flag can be chance: rerun with more experiments "
                    "before relying on it).**")
-    short = [r for r in d["false_claim"] if r["others_reject"] is not None and r["others_reject"] < 0.999]
-    for r in short:
-        out.append(f"At the {_scenario(r)} every other test rejected for {CLAIM_NAMES[r['claim']]} in only "
-                   f"{r['others_reject']:.4f} of experiments: that boundary is not its least favourable one.")
+    for name, cells in rows.items():
+        shares = {c: cells[c]["others_reject"] for c in CLAIM_NAMES if c in cells}
+        if any(x is not None and x < 0.999 for x in shares.values()):
+            out.append(f"At the {name}, every other test rejected in only "
+                       + " and ".join(f"{x:.4f} ({c})" for c, x in shares.items())
+                       + f" of experiments: {pr['far']:g} is not far enough at this design, so the rates there may "
+                       "understate the least favourable ones.")
     return out + ["", IU_THEORY]
 
 
@@ -234,7 +239,7 @@ def procedure_power_line(d: dict) -> str:
     p = {r["claim"]: r for r in d["procedure_power"]}
     return (f"The procedure's power under the same simulation model, every contrast at {d['effect']:g}, "
             f"{d['n_seeds']} seeds, {d['n_points']} point(s): {rate_cell(p['primary'])} for the primary, "
-            f"{rate_cell(p['robust'])} for the robust label.")
+            f"{rate_cell(p['robust'])} for the robust label (the sizing above uses the pilot's contrasts instead).")
 
 
 def spec_curve_png(out: Path, conf: dict | None) -> str | None:
