@@ -40,7 +40,8 @@ def main() -> None:
     print(f"{'effect':>7} {'points':>6} {'seeds (primary)':>16} {'seeds (robust)':>15}")
     for effect in args.effects:
         for n_points in args.points:
-            d = regmod.design(names, contrasts, effect=effect, n_seeds=len(params.confirm.seeds), n_points=n_points,
+            d = regmod.design(names, contrasts, rule=rule, model=rp.design, effect=effect,
+                              n_seeds=len(params.confirm.seeds), n_points=n_points,
                               alpha=rp.alpha, power=rp.design.power, upper=rp.design.pilot_upper,
                               n_sim=rp.design.n_sim, n_sim_null=100)
             print(f"{effect:>7g} {n_points:>6} {str(d['seeds_needed_primary']):>16} {str(d['seeds_needed_robust']):>15}")

@@ -53,16 +53,17 @@ def average_over_points(by_point: Sequence[Mapping[str, np.ndarray]], arms: Sequ
     return {a: np.mean([np.asarray(v[a], dtype=float) for v in by_point], axis=0) for a in arms}
 
 
-def decide_amended(by_point: Sequence[Mapping[str, np.ndarray]], rule: Rule) -> dict:
+def decide_amended(by_point: Sequence[Mapping[str, np.ndarray]], rule: Rule, *, sign_flip: bool = True) -> dict:
     """The amended rule on aligned per-seed values: ``by_point[p][arm]`` of shape (..., n_seeds), the same
     seeds at every point (a shared arm has the same array at every point).
 
     Returns ``primary`` (:func:`decide` on the averaged values), ``points`` (:func:`decide` at each point),
-    ``every``/``some`` (the rule holds at every / some point) and ``label`` (a string array)."""
+    ``every``/``some`` (the rule holds at every / some point) and ``label`` (a string array). ``sign_flip``
+    is passed to :func:`decide` (False: the t-tests only, which decide every claim and label)."""
     if not by_point:
         raise ValueError("S is empty: the amended rule needs at least one point")
-    points = [decide(v, rule) for v in by_point]
-    primary = decide(average_over_points(by_point, rule.arms()), rule)
+    points = [decide(v, rule, sign_flip=sign_flip) for v in by_point]
+    primary = decide(average_over_points(by_point, rule.arms()), rule, sign_flip=sign_flip)
     every = np.logical_and.reduce([p["claim"] for p in points])
     some = np.logical_or.reduce([p["claim"] for p in points])
     return {"primary": primary, "points": points, "every": every, "some": some,

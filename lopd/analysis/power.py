@@ -113,24 +113,6 @@ def joint_rejections(mean, cov, n: int, *, alpha: float, n_sim: int, seed: int =
     return p < alpha
 
 
-def boundary_false_claim(i: int, far, cov, n: int, *, alpha: float, n_sim: int, seed: int = 0) -> dict:
-    """The intersection–union rule's false-claim rate at the boundary where contrast ``i`` is 0 and every
-    other sits at ``far`` (k,), by simulation, two ways.
-
-    * ``raw``: the share of experiments in which every test rejects (Monte Carlo s.e. ``raw_se``);
-    * ``rate``: the same with the rejection of test ``i`` as a control variate of known mean. On normal
-      per-seed contrasts a one-sided t-test at mean 0 has size exactly α, so P(all reject) = α − P(test i
-      rejects and another does not), and only the second term is simulated (``rate_se``): an unbiased
-      estimate, ≤ α, with far less noise than ``raw`` when the others reject almost surely."""
-    mean = np.array(far, dtype=float)
-    mean[i] = 0.0
-    rej = joint_rejections(mean, cov, n, alpha=alpha, n_sim=n_sim, seed=seed)
-    hit, others = rej[:, i], np.all(np.delete(rej, i, axis=1), axis=1)
-    raw, lost = float(np.mean(hit & others)), float(np.mean(hit & ~others))
-    return {"raw": raw, "raw_se": math.sqrt(raw * (1 - raw) / n_sim), "rate": alpha - lost,
-            "rate_se": math.sqrt(lost * (1 - lost) / n_sim)}
-
-
 def joint_seeds_needed(mean, cov, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 100,
                        n_sim: int = 2000, seed: int = 0) -> int | None:
     """Smallest n ≤ ``max_n`` with :func:`joint_power` ≥ ``power`` and :func:`min_sign_flip_p` < α, by

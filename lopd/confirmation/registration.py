@@ -9,8 +9,9 @@ pilot's test results (allowed: the pilot is exploratory; they size the design, t
   binds; distinct points only, capped at ``len(confirm.slots)``;
 * the arms, the fresh seeds and the smallest effect of interest;
 * the design (:func:`design`): power of the primary and of the robust label at these seeds, from the pilot's
-  per-seed contrast covariance inflated to its ``report.design.pilot_upper`` upper bound, the seeds each
-  would need, and the false-claim rates under the null by simulation;
+  per-seed contrast covariance inflated to its ``report.design.pilot_upper`` upper bound, and the seeds each
+  would need; the procedure's false-claim rates (global null, each least favourable boundary) and power,
+  by simulating it under the project's binary-reward model (:mod:`lopd.analysis.procedure`);
 * the efficiency curve (:func:`efficiency_part`): the checkpoints at which the selected point's lopd keeps its
   student, the arm it is measured against and that arm's values tuned on val, the bank's rollouts;
 * the SHA-256 of each part and of the whole (:func:`seal`). :func:`load` refuses a file whose hashes do not
@@ -30,8 +31,10 @@ import numpy as np
 from lopd.errors import BadInput
 
 if TYPE_CHECKING:
+    from lopd.analysis.falsification import Rule
     from lopd.analysis.search_record import Selection
     from lopd.config import Params
+    from lopd.config.report import DesignParams
 
 
 PARTS = ("rule", "points", "arms", "seeds", "effect", "design", "confirm_split", "efficiency", "mechanism",
@@ -133,27 +136,36 @@ def _robust_power(mean, cov, n: int, n_points: int, alpha: float, n_sim: int) ->
     return joint_power(mean, cov, n, alpha=alpha, n_sim=n_sim) ** n_points
 
 
-def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: int, n_points: int, alpha: float,
-           power: float, upper: float, n_sim: int, n_sim_null: int, max_n: int = 200) -> dict:
-    """The confirmation's design from the pilot: the covariance Σ̂ of the rule's per-seed contrasts, inflated
-    to its one-sided ``upper`` bound as a variance (× (n − 1)/χ²_{1−upper, n−1}), every contrast's mean at
-    ``effect``.
+def design(names: list[str], contrasts: np.ndarray, *, rule: Rule, model: DesignParams, effect: float, n_seeds: int,
+           n_points: int, alpha: float, power: float, upper: float, n_sim: int, n_sim_null: int,
+           max_n: int = 200) -> dict:
+    """The confirmation's design.
+
+    Sizing, from the pilot: the covariance Σ̂ of the rule's per-seed contrasts, inflated to its one-sided
+    ``upper`` bound as a variance (× (n − 1)/χ²_{1−upper, n−1}), every contrast's mean at ``effect``,
+    multivariate normal contrasts:
 
     * primary power: the rule on the contrasts averaged over S; the average's covariance is taken as Σ_u
       itself (points perfectly correlated: the average gains nothing), which does not overstate it;
     * robust power: the rule at every one of ``n_points`` points, points taken as independent (a lower bound
       for positively correlated points);
-    * seeds each needs for ``power`` (None: more than ``max_n``);
-    * false-claim rates of the primary under the null, ``n_sim_null`` simulated experiments each: every
-      contrast at 0, and each boundary (one contrast at 0, the others far above it), the largest being the
-      least favourable (:func:`lopd.analysis.power.boundary_false_claim`: the test at 0 has size exactly α on
-      normal contrasts, so the boundary's rate is α less the simulated chance that another test fails; the
-      plain simulated share is kept beside it, ``false_claim_raw``, with its s.e., as a check of the code)."""
+    * seeds each needs for ``power`` (None: more than ``max_n``).
+
+    The procedure itself (:func:`lopd.analysis.procedure.procedure_rates`, ``n_sim_null`` experiments per
+    scenario): the amended ``rule`` at ``n_seeds`` seeds and ``n_points`` points under the project's
+    binary-reward model (``model`` = ``report.design``: tasks shared by every arm and seed, a bank and φ0 draw
+    per seed shared by the points, one base run shared by every point), its false-claim rates
+    (``false_claim``: the global null and each least favourable boundary, for the primary and the robust
+    label) and its power at ``effect`` (``procedure_power``), each k of n with a Clopper–Pearson 95%
+    interval; ``procedure`` says what was simulated."""
     from scipy import stats
 
-    from lopd.analysis.power import boundary_false_claim, joint_power, joint_seeds_needed
+    from lopd.analysis.power import joint_power, joint_seeds_needed
+    from lopd.analysis.procedure import procedure_rates
     from lopd.analysis.stats import min_sign_flip_p
 
+    if rule.alpha != alpha:
+        raise ValueError(f"the rule's alpha {rule.alpha} is not the design's alpha {alpha}")
     n = contrasts.shape[0]
     if n < 3:
         return {"why": "the pilot has fewer than 3 seeds shared by every test of the rule"}
@@ -178,16 +190,7 @@ def design(names: list[str], contrasts: np.ndarray, *, effect: float, n_seeds: i
         robust_n = lo
     out["seeds_needed_robust"] = robust_n
     out["n_sim_null"] = n_sim_null
-    out["false_claim_all_null"] = joint_power(np.zeros(k), cov_u, n_seeds, alpha=alpha, n_sim=n_sim_null)
-    far = 10.0 * float(np.sqrt(np.max(np.diag(cov_u))) or 1.0)
-    by_test = [boundary_false_claim(i, np.full(k, far), cov_u, n_seeds, alpha=alpha, n_sim=n_sim_null)
-               for i in range(k)]
-    worst = max(range(k), key=lambda i: by_test[i]["rate"])
-    out["false_claim_by_boundary"] = [b["rate"] for b in by_test]
-    out["false_claim_boundary"] = by_test[worst]["rate"]
-    out["false_claim_se"] = by_test[worst]["rate_se"]
-    out["false_claim_raw"] = [b["raw"] for b in by_test]
-    out["false_claim_raw_se"] = [b["raw_se"] for b in by_test]
+    out.update(procedure_rates(rule, model, n_points=n_points, n_seeds=n_seeds, effect=effect, n_exp=n_sim_null))
     return out
 
 

@@ -59,9 +59,9 @@ def run(params: Params, paths: Paths) -> dict:
     # the pilot: the final runs' test results (exploratory), for the design only
     evals = load_evals(paths.root)
     names, contrasts = regmod.pilot_contrasts(rule, {a: values(evals, a) for a in rule.arms()})
-    design = regmod.design(names, contrasts, effect=cp.effect, n_seeds=len(cp.seeds), n_points=len(points),
-                           alpha=rp.alpha, power=rp.design.power, upper=rp.design.pilot_upper, n_sim=rp.design.n_sim,
-                           n_sim_null=rp.design.n_sim_null)
+    design = regmod.design(names, contrasts, rule=rule, model=rp.design, effect=cp.effect, n_seeds=len(cp.seeds),
+                           n_points=len(points), alpha=rp.alpha, power=rp.design.power, upper=rp.design.pilot_upper,
+                           n_sim=rp.design.n_sim, n_sim_null=rp.design.n_sim_null)
     mech_arms = ["lopd_binding", *cp.mechanism_controls]
     mechanism = regmod.mechanism_part(points, list(cp.mechanism_controls), alpha=rp.alpha, effect=cp.effect,
                                       n_seeds=len(cp.seeds), upper=rp.design.pilot_upper, n_sim=rp.design.n_sim,

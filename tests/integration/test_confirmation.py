@@ -435,6 +435,7 @@ def test_the_robust_labels_seeds_needed_starts_at_the_sign_flip_floor():
     exact sign-flip check can reject (1/2**n < alpha: 5 at alpha 0.05), for the robust label as for the primary."""
     rng = np.random.default_rng(0)
     contrasts = 0.5 + rng.normal(0, 0.001, (10, 2))
-    d = regmod.design(["a", "b"], contrasts, effect=0.5, n_seeds=10, n_points=3, alpha=0.05, power=0.8, upper=0.8,
-                      n_sim=200, n_sim_null=200)
+    rule = Rule("two tests", "lopd", ("base",), ("lopd_shuffled",), None, "base", 0.05)
+    d = regmod.design([t.name for t in rule.tests()], contrasts, rule=rule, model=default_params().report.design,
+                      effect=0.5, n_seeds=10, n_points=3, alpha=0.05, power=0.8, upper=0.8, n_sim=200, n_sim_null=200)
     assert d["seeds_needed_primary"] == 5 and d["seeds_needed_robust"] == 5 and d["max_n"] == 200
