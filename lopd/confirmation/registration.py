@@ -262,7 +262,8 @@ def slot_arms(reg: dict, slot: int) -> list[str]:
     extra = [*reg["arms"]["shared"], *([reg["efficiency"]["baseline"]] if reg.get("efficiency") else [])]
     arms = [*reg["arms"]["trained"], *(a for a in dict.fromkeys(extra) if a not in reg["arms"]["trained"] and slot == 0)]
     mech = reg.get("mechanism") or {}
-    if slot < len(reg["points"]) and mech.get("point") == reg["points"][slot]["name"]:
+    points = reg.get("points") or []
+    if mech.get("point") and slot < len(points) and mech["point"] == points[slot]["name"]:
         arms += [a for a in mech["controls"] if a not in arms]  # H2's controls at the binding point
     return arms
 

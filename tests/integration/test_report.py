@@ -307,7 +307,8 @@ def test_main_table_and_comparisons(planted):
 def test_headline_metrics_are_flat_and_small(planted):
     root, summary, test = planted
     files = sorted((root / "reports" / "metrics").rglob("*.json"))
-    assert len(files) == len(ARMS) + 4 + 3 + 3  # rewards, rule tests, verdict parts, premise gate + 2 δ
+    n_tests = len(Rule.from_params(_params().report).tests())
+    assert len(files) == len(ARMS) + n_tests + 3 + 3  # rewards, rule tests, verdict parts, premise gate + 2 δ
     for p in files:
         row = json.loads(p.read_text())
         assert set(row) <= METRIC_KEYS and all(not isinstance(v, (dict, list)) for v in row.values()), p

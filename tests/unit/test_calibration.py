@@ -140,9 +140,10 @@ def test_the_confirmation_design_from_a_pilot_covariance():
     from lopd.confirmation.registration import design
 
     rng = np.random.default_rng(3)
-    cov = 0.05 ** 2 * (0.5 * np.ones((4, 4)) + 0.5 * np.eye(4))
-    pilot = rng.multivariate_normal(np.full(4, 0.1), cov, size=10)
     names = [t.name for t in RULE.tests()]
+    k = len(names)
+    cov = 0.05 ** 2 * (0.5 * np.ones((k, k)) + 0.5 * np.eye(k))
+    pilot = rng.multivariate_normal(np.full(k, 0.1), cov, size=10)
     kw = dict(rule=RULE, model=DESIGN, effect=0.04, n_points=3, alpha=RULE.alpha, power=0.8, upper=0.8, n_sim=2000,
               n_sim_null=400)
     d10, d40 = design(names, pilot, n_seeds=10, **kw), design(names, pilot, n_seeds=40, **kw)
@@ -166,7 +167,7 @@ def test_the_confirmation_design_from_a_pilot_covariance():
     need = d10["seeds_needed_primary"]
     assert need is not None and need == d40["seeds_needed_primary"]
     cov_u = np.atleast_2d(np.cov(pilot, rowvar=False)) * d10["factor"]
-    assert joint_power(np.full(4, 0.04), cov_u, need, n_sim=2000) >= 0.8
+    assert joint_power(np.full(k, 0.04), cov_u, need, n_sim=2000) >= 0.8
     assert design(names, pilot[:2], n_seeds=10, **kw) == {"why": "the pilot has fewer than 3 seeds shared by every "
                                                                  "test of the rule"}
     with pytest.raises(ValueError, match="alpha"):
@@ -256,8 +257,8 @@ def test_the_scenarios_arm_effects_give_the_rule_contrasts():
 
     names = [t.name for t in RULE.tests()]
     e = arm_effects(RULE, {n: (0.0 if n == "lopd > lopd_shuffled" else 0.25) for n in names})
-    assert e == pytest.approx({"lopd": 0.25, "base": 0.0, "lopd_frozen": 0.0, "lopd_shuffled": 0.25,
-                               "lopd_unrelated": 0.0})
+    assert e == pytest.approx({"lopd": 0.25, "base": 0.0, "lopd_frozen": 0.0, "lopd_nocontent": 0.0,
+                               "lopd_shuffled": 0.25, "lopd_unrelated": 0.0})
     rho = Rule("r", "lopd", ("base",), ("lopd_shuffled",), 0.5, "base", 0.05)
     target = {t.name: x for t, x in zip(rho.tests(), (0.04, 0.0))}
     e = arm_effects(rho, target)
