@@ -32,6 +32,12 @@ def _power_es(effect_size, n, alpha: float, alternative: str):
     return stats.nct.sf(crit, df, ncp if alternative == "greater" else -ncp)
 
 
+def variance_upper_factor(n: int, upper: float) -> float:
+    """(n − 1)/χ²_{1−upper, n−1}: the factor that takes a variance estimated from n seeds to its one-sided
+    ``upper`` confidence bound (the pilot's covariance at, e.g., its 80% upper bound)."""
+    return float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+
+
 def _check_design(alpha, power=None, alternative="greater"):
     check_prob(alpha, "alpha")
     check_alternative(alternative)

@@ -72,7 +72,6 @@ def pilot_design(fal: dict, effect: float, alpha: float, power: float, n_design:
     (not the observed one: that would be observed power), :func:`power_mod.joint_power` gives the power of the
     whole rule (every test rejects) at ``n_design`` seeds, and :func:`power_mod.joint_seeds_needed` the
     smallest n reaching ``power``. Fewer than 3 shared seeds: ``why``."""
-    from scipy import stats
 
     rows = [r for r in fal["tests"] if r["n"] >= 2]
     common = sorted(set.intersection(*(set(r["seeds"]) for r in rows))) if rows and len(rows) == len(fal["tests"]) else []
@@ -81,7 +80,7 @@ def pilot_design(fal: dict, effect: float, alpha: float, power: float, n_design:
     m = np.array([[r["contrast"][r["seeds"].index(s)] for r in rows] for s in common])
     n = len(common)
     cov = np.atleast_2d(np.cov(m, rowvar=False))
-    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    factor = power_mod.variance_upper_factor(n, upper)
     mean = np.full(len(rows), float(effect))
     return {"n": n, "tests": [r["name"] for r in rows], "sd": [float(v) for v in np.sqrt(np.diag(cov))],
             "sd_upper": [float(v) for v in np.sqrt(np.diag(cov) * factor)], "factor": factor, "effect": float(effect),

@@ -158,9 +158,7 @@ def design(names: list[str], contrasts: np.ndarray, *, rule: Rule, model: Design
     (``false_claim``: the global null and each least favourable boundary, for the primary and the robust
     label) and its power at ``effect`` (``procedure_power``), each k of n with a Clopper–Pearson 95%
     interval; ``procedure`` says what was simulated."""
-    from scipy import stats
-
-    from lopd.analysis.power import joint_power, joint_seeds_needed
+    from lopd.analysis.power import joint_power, joint_seeds_needed, variance_upper_factor
     from lopd.analysis.procedure import procedure_rates
     from lopd.analysis.stats import min_sign_flip_p
 
@@ -170,7 +168,7 @@ def design(names: list[str], contrasts: np.ndarray, *, rule: Rule, model: Design
     if n < 3:
         return {"why": "the pilot has fewer than 3 seeds shared by every test of the rule"}
     cov = np.atleast_2d(np.cov(contrasts, rowvar=False))
-    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    factor = variance_upper_factor(n, upper)
     cov_u = cov * factor
     k = len(names)
     mean = np.full(k, float(effect))
@@ -207,10 +205,8 @@ def mechanism_part(points: list[dict], controls: list[str], *, pilot_by_seed: di
     test rejects) at ``n_seeds`` seeds with every contrast at ``effect``, the pilot's covariance of
     lopd_binding − control (each control at its own pilot point: a sizing figure, not a test) inflated to its
     one-sided ``upper`` bound as :func:`design` does."""
-    from scipy import stats
-
     from lopd.analysis.falsification import Rule
-    from lopd.analysis.power import joint_power
+    from lopd.analysis.power import joint_power, variance_upper_factor
 
     if not controls:
         return {"why": "confirm.mechanism_controls is empty: H2 is not registered"}
@@ -226,7 +222,7 @@ def mechanism_part(points: list[dict], controls: list[str], *, pilot_by_seed: di
     if n < 3:
         mech["design"] = {"why": "the pilot has fewer than 3 seeds shared by lopd_binding and every control"}
         return mech
-    factor = float((n - 1) / stats.chi2.ppf(1 - upper, n - 1))
+    factor = variance_upper_factor(n, upper)
     cov_u = np.atleast_2d(np.cov(contrasts, rowvar=False)) * factor
     mech["design"] = {"pilot_n": n, "tests": names, "sd_upper": np.sqrt(np.diag(cov_u)).tolist(), "upper": upper, "effect": effect,
                       "n_seeds": n_seeds, "n_sim": n_sim,
