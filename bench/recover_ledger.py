@@ -10,6 +10,12 @@ trial and role, from the specification curve), the seeds (``confirm.seeds`` of t
 confirmatory split (the md5 of ``data/confirm/manifest.json`` that the ``register`` stage read, from that commit's
 ``dvc.lock``) and the verdict with its label. Reads git only; writes nothing.
 
+    python bench/recover_ledger.py --workspace DIR --commit C
+
+prints the entry of the read in a finished workspace ``DIR`` (its ``reports/falsification.md``, ``params.yaml`` and
+``dvc.lock``) that is not committed yet: a commit cannot name itself, so ``commit`` is ``C``, the commit whose tree
+the run was copied from (the verdict lands in its child), and ``date`` the time the report was written.
+
 At ``e07b929`` it finds five registrations, all on split manifest ``1fedb8ac…``: ``6c3c30e3…`` (``a5ec95e``),
 ``afb5a58b…`` (``952c1fe``), ``d67b8342…`` (``bb6da92``), ``0082876d…`` (``c7eb2d2``) and ``e076c854…``
 (``f700b03``, the registration ``reports/falsification.md`` names), as ``registration/ledger.yaml`` records them.
@@ -38,6 +44,13 @@ def show(commit: str, path: str) -> str | None:
 
 
 def entry(commit: str, md: str) -> dict:
+    """The entry of the read whose verdict ``commit`` committed (its report ``md``)."""
+    return entry_of(md, yaml.safe_load(show(commit, "params.yaml")), yaml.safe_load(show(commit, "dvc.lock")),
+                    git("rev-parse", commit).strip(), git("log", "-1", "--format=%cI", commit).strip())
+
+
+def entry_of(md: str, params: dict, lock: dict, commit: str, date: str) -> dict:
+    """A ledger entry from a report ``md``, the ``params`` and ``lock`` it was written under, ``commit`` and ``date``."""
     reg = REG.search(md).group(1)
     verdict_line = next(line for line in md.splitlines() if "Label: **" in line)
     verdict = verdict_line.split("**")[1]
@@ -48,11 +61,8 @@ def entry(commit: str, md: str) -> dict:
         if m and m.group(1) not in seen:
             seen.add(m.group(1))
             points.append({"point": m.group(1), "trial": int(m.group(2)), "role": m.group(3)})
-    params = yaml.safe_load(show(commit, "params.yaml"))
-    lock = yaml.safe_load(show(commit, "dvc.lock"))["stages"]
-    manifest = next(d for d in lock["register"]["deps"] if d["path"] == "data/confirm/manifest.json")
-    return {"registration": reg, "commit": git("rev-parse", commit).strip(),
-            "date": git("log", "-1", "--format=%cI", commit).strip(), "points": points,
+    manifest = next(d for d in lock["stages"]["register"]["deps"] if d["path"] == "data/confirm/manifest.json")
+    return {"registration": reg, "commit": commit, "date": date, "points": points,
             "seeds": list(params["confirm"]["seeds"]), "split_manifest_md5": manifest["md5"],
             "verdict": verdict, "label": label}
 
@@ -60,7 +70,20 @@ def entry(commit: str, md: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="HEAD")
+    ap.add_argument("--workspace", help="a finished workspace whose read is not committed yet")
+    ap.add_argument("--commit", help="with --workspace: the commit its tree was copied from")
     a = ap.parse_args()
+    if a.workspace:
+        import datetime
+        from pathlib import Path
+
+        ws = Path(a.workspace)
+        report = ws / "reports" / "falsification.md"
+        date = datetime.datetime.fromtimestamp(report.stat().st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")
+        e = entry_of(report.read_text(), yaml.safe_load((ws / "params.yaml").read_text()),
+                     yaml.safe_load((ws / "dvc.lock").read_text()), git("rev-parse", a.commit or "HEAD").strip(), date)
+        yaml.safe_dump([e], sys.stdout, sort_keys=False, width=120, default_flow_style=None)
+        return 0
     entries, seen = [], set()
     for commit in reversed(git("log", "--format=%H", a.rev, "--", "reports/falsification.md").split()):
         md = show(commit, "reports/falsification.md")

@@ -61,3 +61,31 @@ def test_a_malformed_ledger_is_refused_naming_the_entry(tmp_path):
     p.write_text(yaml.safe_dump({"reads": [good, good]}))
     with pytest.raises(BadInput, match="already recorded"):
         load(p)
+
+
+def test_a_workspace_read_becomes_an_entry_the_ledger_accepts(tmp_path):
+    """``bench/recover_ledger.py --workspace`` (what ``bench/land_repro.sh`` appends): the entry of a finished run,
+    from its report, params and lock, appended to a ledger that then loads with it as the last read."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("recover_ledger", REPO / "bench" / "recover_ledger.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    md = ("# Falsification test\n\nRegistration: sha256 `" + "d" * 64 + "` (...)\n\n"
+          "**No claim that retrieved content drives a gain** on the average over S. Label: **no claim** (...).\n\n"
+          "## Specification curve\n\n| point | trial | role | margin |\n|---|---|---|---|\n"
+          "| p0 | 9 | selected | degenerates |\n| p0 | 9 | selected | degenerates |\n| p1 | 13 | binding | binds |\n")
+    lock = {"stages": {"register": {"deps": [{"path": "data/confirm/manifest.json", "md5": "e" * 32}]}}}
+    e = mod.entry_of(md, {"confirm": {"seeds": [200, 201]}}, lock, "c" * 40, "2026-12-06T05:00:00+00:00")
+    assert e["points"] == [{"point": "p0", "trial": 9, "role": "selected"}, {"point": "p1", "trial": 13, "role": "binding"}]
+    assert (e["verdict"], e["label"], e["split_manifest_md5"]) == ("No claim that retrieved content drives a gain",
+                                                                   "no claim", "e" * 32)
+    ledger = tmp_path / "ledger.yaml"
+    ledger.write_text((REPO / LEDGER).read_text())
+    with ledger.open("a") as fh:  # as land_repro.sh appends it
+        yaml.safe_dump([e], fh, sort_keys=False, width=120, default_flow_style=None)
+    reads = load(ledger)
+    assert reads[-1].registration == "d" * 64 and reads[-1].seeds == (200, 201)
+    assert reads[:-1] == load(REPO / LEDGER)
