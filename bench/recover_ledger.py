@@ -71,8 +71,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--workspace", help="a finished workspace whose read is not committed yet")
-    ap.add_argument("--commit", help="with --workspace: the commit its tree was copied from")
+    ap.add_argument("--commit", help="with --workspace (required there): the commit its tree was copied from")
     a = ap.parse_args()
+    if a.workspace and not a.commit:
+        ap.error("--workspace needs --commit: the commit whose tree the run ran (HEAD may have moved since)")
     if a.workspace:
         import datetime
         from pathlib import Path
@@ -81,7 +83,7 @@ def main() -> int:
         report = ws / "reports" / "falsification.md"
         date = datetime.datetime.fromtimestamp(report.stat().st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")
         e = entry_of(report.read_text(), yaml.safe_load((ws / "params.yaml").read_text()),
-                     yaml.safe_load((ws / "dvc.lock").read_text()), git("rev-parse", a.commit or "HEAD").strip(), date)
+                     yaml.safe_load((ws / "dvc.lock").read_text()), git("rev-parse", a.commit).strip(), date)
         yaml.safe_dump([e], sys.stdout, sort_keys=False, width=120, default_flow_style=None)
         return 0
     entries, seen = [], set()

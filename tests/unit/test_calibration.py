@@ -339,3 +339,13 @@ def test_the_design_section_says_which_of_primary_and_robust_label_is_powered():
     weak = text(n_seeds=10, power_primary=0.3, power_robust=0.03)
     assert "**Under-powered by its own registered design: 10 seeds give power 0.30" in weak
     assert "robust label is not" not in weak and "Powered by" not in weak
+
+
+def test_variance_upper_factor_by_hand():
+    """With 2 degrees of freedom χ² has cdf 1 − e^(−x/2), so χ²_{0.2, 2} = −2 ln 0.8 and, from 3 seeds, the 80%
+    upper bound of a variance is (3 − 1)/(−2 ln 0.8) = 1/(−ln 0.8) = 4.4814… times its estimate."""
+    from lopd.analysis.power import variance_upper_factor
+
+    assert variance_upper_factor(3, 0.8) == pytest.approx(1 / -np.log(0.8), rel=1e-12)
+    assert variance_upper_factor(3, 0.5) == pytest.approx(1 / np.log(2), rel=1e-12)  # the median: −2 ln 0.5
+    assert variance_upper_factor(10, 0.8) > variance_upper_factor(30, 0.8) > 1  # more seeds, a tighter bound
