@@ -4,7 +4,7 @@
 
 Per program (one after another, ``--runs`` of them, three calls each as ``bench/sandbox.py``): the median
 wall time of each phase of :class:`lopd.sandbox.Session` as the parent sees it — ``spawn`` (payload
-file, pipes, the fork server's round trip, the reader and watchdog threads), ``ready`` (the child's
+pipes, the fork server's round trip, the payload queued), ``ready`` (the child's
 confinement, audit hook and the definition of the code), ``calls`` (the three calls and the finish),
 ``close`` (kill, reap, join, remove the temp dir) — and the CPU the whole machine spent per program
 (``/proc/stat``, so the fork server, the children and the kernel's network-namespace teardown count),

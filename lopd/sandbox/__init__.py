@@ -21,8 +21,9 @@ Barriers, outermost first (each one is enough for some attacks; together they ov
    fresh ``tempfile.mkdtemp()`` directory, removed afterwards whatever happens. The child gets
    its own session / process group; on a wall clock timeout, on output past
    ``max_output_bytes``, or when the session ends, the whole group is SIGKILLed (by the server,
-   which alone can tell whether the pid is still its unreaped child). Pipes are drained by
-   reader threads, so a flood cannot deadlock the parent.
+   which alone can tell whether the pid is still its unreaped child). The caller's thread
+   polls the three pipes (non-blocking, the deadline as the poll's timeout) whenever it waits
+   for an answer, so a flood cannot deadlock the parent and no thread is started per program.
 2. **Scrubbed environment**: only ``PATH``, ``HOME``, ``LANG``, ``PYTHONDONTWRITEBYTECODE``,
    ``PYTHONHASHSEED`` (``-I`` makes the interpreter ignore the ``PYTHON*`` ones). The child
    keeps only fds 0-2 (its three pipes); it closes every other one before it confines itself.
@@ -30,8 +31,10 @@ Barriers, outermost first (each one is enough for some attacks; together they ov
    (``mem_mb``), RLIMIT_FSIZE (1 MiB), RLIMIT_NOFILE (32), RLIMIT_CORE (0), RLIMIT_NPROC (0
    once the child runs as an unprivileged user, so fork/clone - threads included - fail).
 4. **OS isolation, when available** (probed once per parent process and cached; see
-   :func:`isolation`): if the parent is root, the child is moved into a fresh, empty network
-   namespace (``unshare(CLONE_NEWNET)``; only a downed loopback exists there) and drops to
+   :func:`isolation`): if the parent is root, the child runs in a fresh, empty network
+   namespace (``unshare(CLONE_NEWNET)``; only a downed loopback exists there), entered once by
+   the fork server and shared by the programs it forks (the audit hook refuses every socket,
+   so none can reach another through it), and drops to
    uid/gid 65534 (``nobody``), so file permissions forbid writing anywhere but the temp dir,
    reading root-only files and signalling the parent. The uid drop needs the interpreter
    and its standard library to be readable by ``nobody`` (not so when Python lives under a
@@ -57,7 +60,8 @@ Barriers, outermost first (each one is enough for some attacks; together they ov
    recorded; if the user code swallows it the run is still reported as ``"refused"``.
 6. **Reply channel**: user code's stdout goes to stderr; replies go through a private
    duplicate of the original stdout, one line each, prefixed with a per-run nonce handed
-   over in a payload file that the child deletes before the user code runs. The parent
+   over as the first line of the child's stdin, read before the user code exists (whose
+   fd 0 is ``/dev/null``). The parent
    accepts only the reply to the call it made (sequence number) and decodes it as plain
    data; nothing else from the child is trusted.
 

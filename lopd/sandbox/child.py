@@ -2,20 +2,22 @@
 
 The parent (:mod:`lopd.sandbox.server`) writes this file and :mod:`lopd.sandbox.plain` (the
 codec it shares with the parent), with their bytecode, into a temp dir and starts ``python -I
--S -B child.pyc --server <fd>`` there once per parent process: the **fork server**
-(:func:`server`). It imports everything a child needs and builds what every program shares
-(:func:`prepare`), then waits on the socket ``fd``; for each program the parent sends the
-program's temp dir and limits together with the three pipe ends that become the program's
-stdin, stdout and stderr. The server forks; the fork confines
-itself (:func:`start_child`, then :func:`confine`) and runs :func:`run`. The server never
-reads a payload or runs user code, so every program starts from the same pristine process.
-Standard library only; nothing runs at import.
+-S -B child.pyc --server <fd> <netns>`` there once per parent process and network mode: the
+**fork server** (:func:`server`). It pays once what does not depend on the program: its own
+empty network namespace (``netns`` 1), which every program it forks inherits; the imports a
+child needs; what every program shares (:func:`prepare`). Then it waits on the socket ``fd``;
+for each program the parent sends the program's temp dir and limits together with the three
+pipe ends that become the program's stdin, stdout and stderr. The server forks; the fork
+confines itself (:func:`start_child`, then :func:`confine`: its own session, limits and uid)
+and runs :func:`run`. The server never reads a payload or runs user code, so every program
+starts from the same pristine process. Standard library only; nothing runs at import.
 
-**Protocol of one program.** ``payload.json`` (reply marker, code, function name, recursion
-limit) is read and deleted before the user code runs. The child defines the code in a fresh
-``__main__``, answers sequence number 0 (defined, or why not), then one request per line of
-its original stdin, ``[seq, args, kwargs]`` in plain data (``args`` ``None`` ends the
-session), each with one line on a private duplicate of its original stdout: ``<marker> <seq>
+**Protocol of one program.** The first line of the child's stdin is the payload (reply
+marker, code, function name, recursion limit), read before the user code exists. The child
+defines the code in a fresh ``__main__``, answers sequence number 0 (defined, or why not),
+then one request per further line of its original stdin, ``[seq, args, kwargs]`` in plain
+data (``args`` ``None`` ends the session; the parent may send them all at once), each with
+one line on a private duplicate of its original stdout: ``<marker> <seq>
 <status> <body>``, status ``ok`` (body: the return value), ``error`` (body: the exception, as
 a string) or ``refused`` (the audit hook refused something so far, even if the user code
 swallowed it). The user code's fd 0 reads ``/dev/null`` and its fd 1 writes to stderr. No
@@ -71,15 +73,14 @@ def bind_unshare():
     return unshare
 
 
-def confine(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare=None) -> None:
-    """Namespace, rlimits, uid: the first thing a forked child does, before the payload is read.
+def confine(cpu_s: int, mem_bytes: int, drop: bool) -> None:
+    """Rlimits and uid: the first thing a forked child does, before the payload is read.
 
     Done in the child (forked from the small fork server), never in the parent: forking the
     parent, with torch loaded, costs ~20 ms of page-table copying per program and stalls its
-    other threads. ``unshare`` comes from :func:`bind_unshare`, bound before the fork.
+    other threads. The network namespace is not here: the fork server enters one at start
+    (:func:`server`), and every program inherits it.
     """
-    if netns:
-        (unshare or bind_unshare())()
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_BYTES, FSIZE_BYTES))
@@ -106,9 +107,10 @@ def describe(e, _type=type, _str=str, _base=BaseException) -> str:
 
 
 # ------------------------------------------------------------------ the run
-def make_channel(marker: str, dumps, refusals: list):
-    """``(reply, next_request)`` over private duplicates of fds 1 and 0, which are then
-    pointed at stderr and ``/dev/null`` for the user code."""
+def make_channel(dumps, loads, refusals: list):
+    """``(payload, reply, next_request)`` over private duplicates of fds 1 and 0, which are then
+    pointed at stderr and ``/dev/null`` for the user code. ``payload`` is the first line of
+    stdin, decoded; its marker heads every reply."""
     out_fd, in_fd = os.dup(1), os.dup(0)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -117,17 +119,7 @@ def make_channel(marker: str, dumps, refusals: list):
     from builtins import BaseException, bytearray, bytes
 
     write, read, int_repr = os.write, os.read, int.__repr__
-    head = "\n" + marker + " "
     pending = bytearray()
-
-    def reply(seq: int, status: str, value) -> None:
-        if refusals:
-            status, value = "refused", refusals[0][:200]
-        try:
-            body = dumps(value)
-        except BaseException as e:  # not plain data, an int too long, a recursion too deep
-            status, body = "error", dumps("unusable return value (" + describe(e) + ")")
-        write(out_fd, (head + int_repr(seq) + " " + status + " " + body + "\n").encode())
 
     def next_request():
         while True:
@@ -141,7 +133,22 @@ def make_channel(marker: str, dumps, refusals: list):
                 return None
             pending.extend(chunk)
 
-    return reply, next_request
+    line = next_request()
+    if line is None:  # the parent went away before sending the payload
+        os._exit(0)
+    payload = loads(line)
+    head = "\n" + payload["marker"] + " "
+
+    def reply(seq: int, status: str, value) -> None:
+        if refusals:
+            status, value = "refused", refusals[0][:200]
+        try:
+            body = dumps(value)
+        except BaseException as e:  # not plain data, an int too long, a recursion too deep
+            status, body = "error", dumps("unusable return value (" + describe(e) + ")")
+        write(out_fd, (head + int_repr(seq) + " " + status + " " + body + "\n").encode())
+
+    return payload, reply, next_request
 
 
 def serve(fn, reply, next_request, loads, exit_) -> None:
@@ -164,21 +171,18 @@ def serve(fn, reply, next_request, loads, exit_) -> None:
         reply(seq, "ok", value)
 
 
-def run(cpu_s: int, mem_bytes: int, netns: bool, drop: bool, unshare) -> None:
+def run(cpu_s: int, mem_bytes: int, drop: bool) -> None:
     """One program, in a fork of the server whose cwd is already the program's temp dir:
     confine, read the payload, install the hook, define the code, answer calls. Never returns."""
     import builtins
     import types
     from builtins import BaseException
 
-    confine(cpu_s, mem_bytes, netns, drop, unshare)
+    confine(cpu_s, mem_bytes, drop)
     tmp = os.path.realpath(os.getcwd())
     (dumps, loads), shared_roots = _PREPARED or (make_codec(), None)
-    with open("payload.json", "rb") as fh:
-        payload = loads(fh.read().decode())  # the parent wrote it with the same codec (no json import)
-    os.remove("payload.json")
     hook, refusals = make_guard(tmp, read_roots(tmp, shared_roots))
-    reply, next_request = make_channel(payload["marker"], dumps, refusals)
+    payload, reply, next_request = make_channel(dumps, loads, refusals)
     code, fn_name, exit_, callable_ = payload["code"], payload["fn"], os._exit, callable
     sys.setrecursionlimit(payload["recursion_limit"])
     del payload
@@ -214,32 +218,39 @@ def prepare() -> None:
     _PREPARED = (make_codec(), std_roots())
 
 
-def start_child(fds, tmp: str, limits, unshare) -> None:
+def start_child(fds, tmp: str, limits, reset_signals: bool) -> None:
     """In a fresh fork of the server: own session and process group (the parent kills the
-    group), default signal dispositions, ``fds`` as 0/1/2 and no other descriptor, cwd and
-    ``$HOME`` the program's temp dir; then :func:`run`. Never returns."""
-    import signal
-
+    group), default signal dispositions (``reset_signals``: the server reaps on SIGCHLD, see
+    :class:`_ForkServer`), ``fds`` as 0/1/2 and no other descriptor, cwd and ``$HOME`` the
+    program's temp dir; then :func:`run`. Never returns."""
     os.setsid()
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if reset_signals:
+        import signal
+
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
-    os.closerange(3, 1 << 20)  # the server's socket and wake-up pipe, the received fds
+    os.closerange(3, 1 << 20)  # the server's socket, its pidfds or wake-up pipe, the received fds
     os.chdir(tmp)
     os.environ["HOME"] = tmp
-    run(*limits, unshare)
+    run(*limits)
 
 
-def server(ctl_fd: int) -> None:
+def server(ctl_fd: int, netns: bool) -> None:
     """The fork server's loop (single-threaded, so ``fork`` is safe). Messages on the
     ``SOCK_SEQPACKET`` socket ``ctl_fd``, one per packet, ASCII:
 
-    - in: ``spawn <id> <cpu_s> <mem_bytes> <netns> <drop> <tmp>`` with three fds attached
+    - in: ``spawn <id> <cpu_s> <mem_bytes> <drop> <tmp>`` with three fds attached
       (the program's stdin, stdout, stderr); out: ``spawned <id> <pid>`` or ``failed <id> <why>``;
     - in: ``kill <pid>``: SIGKILL the program's process group, only while the pid is still its
       unreaped child (a reaped pid may already be someone else's);
-    - out: ``exit <pid> <wait status>`` when a program ends (reaped on SIGCHLD).
+    - out: ``exit <pid> <wait status>`` when a program ends.
+
+    With ``netns``, the server first moves itself into a fresh, empty network namespace: paid
+    once, not per program. Its programs share that namespace, and nothing else in it: it has
+    only a downed loopback, and the audit hook refuses every socket (each program still gets its
+    own process, limits, temp dir and process group).
 
     When the parent's end closes (it exited or was killed), every live program is killed and
     the server exits: it never outlives its parent's use of it.
@@ -247,30 +258,25 @@ def server(ctl_fd: int) -> None:
     import _thread  # noqa: F401  (preloaded: each child imports it; a fork then finds it loaded)
     import posix  # noqa: F401
     import select
-    import signal
     import socket
     import stat  # noqa: F401
     import types  # noqa: F401
 
+    if netns:
+        bind_unshare()()
     prepare()
-    fs = _ForkServer(socket.socket(fileno=ctl_fd), bind_unshare())
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes wake_w
+    fs = _ForkServer(socket.socket(fileno=ctl_fd), select.poll())
     fs.ctl.send(b"ready %d" % os.getpid())
     try:
         while True:
-            ready = select.select([fs.ctl, wake_r], [], [])[0]
-            if wake_r in ready:
-                _drain(wake_r)
-                fs.reap()
-            if fs.ctl in ready:
-                msg, fds, _, _ = socket.recv_fds(fs.ctl, 65536, 3)
-                if not msg:
-                    break  # the parent is gone
-                fs.handle(msg, fds)
+            for fd, _ in fs.poller.poll():
+                if fd == fs.ctl.fileno():
+                    msg, fds, _, _ = socket.recv_fds(fs.ctl, 65536, 3)
+                    if not msg:
+                        raise BrokenPipeError  # the parent is gone
+                    fs.handle(msg, fds)
+                else:
+                    fs.reap(fd)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone
     for pid in list(fs.live):
@@ -287,21 +293,54 @@ def _drain(fd: int) -> None:
 
 
 class _ForkServer:
-    """The fork server's state: its control socket, the bound ``unshare`` and its live programs."""
+    """The fork server's state: its control socket, its poller and its live programs.
 
-    def __init__(self, ctl, unshare):
-        self.ctl, self.unshare, self.live = ctl, unshare, set()
+    A program's end is seen through a pidfd (Linux 5.3+), polled beside the socket: the server
+    has no signal handler, so a fork starts with default dispositions and need not reset them.
+    Where ``pidfd_open`` is unavailable it reaps on SIGCHLD instead, through a wake-up pipe,
+    and each fork resets that handler (``reset_signals``)."""
 
-    def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            self.live.discard(pid)
-            self.ctl.send(b"exit %d %d" % (pid, status))
+    def __init__(self, ctl, poller):
+        self.ctl, self.poller, self.live = ctl, poller, set()
+        import select
+
+        self.pidfds: dict[int, int] = {}  # pidfd -> pid
+        self.pollin = select.POLLIN
+        poller.register(ctl, self.pollin)
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+            self.wake_r = None
+        except (AttributeError, OSError):
+            import signal
+
+            self.wake_r, wake_w = os.pipe()
+            os.set_blocking(self.wake_r, False)
+            os.set_blocking(wake_w, False)
+            signal.set_wakeup_fd(wake_w)
+            signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes wake_w
+            poller.register(self.wake_r, self.pollin)
+
+    def reap(self, fd: int) -> None:
+        """``fd`` is readable: a pidfd (its program ended) or the SIGCHLD wake-up pipe."""
+        if fd == self.wake_r:
+            _drain(fd)
+            while self.live:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    return
+                self._ended(pid, status)
+            return
+        pid = self.pidfds.pop(fd)
+        self.poller.unregister(fd)
+        os.close(fd)
+        self._ended(pid, os.waitpid(pid, 0)[1])
+
+    def _ended(self, pid: int, status: int) -> None:
+        self.live.discard(pid)
+        self.ctl.send(b"exit %d %d" % (pid, status))
 
     def kill(self, pid: int) -> None:
         import signal
@@ -315,22 +354,22 @@ class _ForkServer:
 
     def handle(self, msg: bytes, fds: list) -> None:
         """One request: ``kill`` a program, or ``spawn`` one in a fork (see :func:`server`)."""
-        words = msg.decode().split(" ", 6)
+        words = msg.decode().split(" ", 5)
         if words[0] == "kill":
             self.kill(int(words[1]))
             return
-        if words[0] != "spawn" or len(words) != 7 or len(fds) != 3:
+        if words[0] != "spawn" or len(words) != 6 or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
             ident = words[1] if len(words) > 1 else "?"
             self.ctl.send(b"failed " + ident.encode() + b" malformed request")
             return
-        ident, tmp = words[1], words[6]
-        limits = (int(words[2]), int(words[3]), words[4] == "1", words[5] == "1")
+        ident, tmp = words[1], words[5]
+        limits = (int(words[2]), int(words[3]), words[4] == "1")
         pid = os.fork()
         if pid == 0:
             try:
-                start_child(fds, tmp, limits, self.unshare)  # never returns
+                start_child(fds, tmp, limits, self.wake_r is not None)  # never returns
             except BaseException:
                 sys.excepthook(*sys.exc_info())  # to the program's stderr, which the parent reads
             finally:
@@ -338,10 +377,14 @@ class _ForkServer:
         for fd in fds:
             os.close(fd)
         self.live.add(pid)
+        if self.wake_r is None:
+            pidfd = os.pidfd_open(pid)
+            self.pidfds[pidfd] = pid
+            self.poller.register(pidfd, self.pollin)
         self.ctl.send(b"spawned %s %d" % (ident.encode(), pid))
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--server"] or len(sys.argv) != 3:
-        raise SystemExit("usage: child.pyc --server <socket fd> (started by lopd.sandbox.server)")
-    server(int(sys.argv[2]))
+    if sys.argv[1:2] != ["--server"] or len(sys.argv) != 4 or sys.argv[3] not in ("0", "1"):
+        raise SystemExit("usage: child.pyc --server <socket fd> <netns 0|1> (started by lopd.sandbox.server)")
+    server(int(sys.argv[2]), sys.argv[3] == "1")

@@ -31,14 +31,17 @@ def limit_args(timeout_s: float, mem_mb: int) -> tuple[int, int]:
 
 
 def make_preexec(timeout_s: float, mem_mb: int, netns: bool, drop: bool, unshare=None):
-    """A ``preexec_fn`` applying :func:`lopd.sandbox.child.confine` (used by the one-off probe;
-    the sandbox's child confines itself, see ``confine``)."""
+    """A ``preexec_fn`` entering an empty network namespace (``netns``, as the fork server does at
+    start) and applying :func:`lopd.sandbox.child.confine` (used by the one-off probe; the
+    sandbox's child confines itself, see ``confine``)."""
     from lopd.sandbox.child import confine
 
     cpu, mem = limit_args(timeout_s, mem_mb)
 
     def preexec() -> None:
-        confine(cpu, mem, netns, drop, unshare)
+        if netns:
+            (unshare or bind_unshare())()
+        confine(cpu, mem, drop)
 
     return preexec
 

@@ -1,11 +1,12 @@
 """The parent's handle on the sandbox's fork server (:func:`lopd.sandbox.child.server`).
 
-One server per parent process, started on first use: ``python -I -S -B child.pyc --server``
-with a scrubbed environment, in its own session, holding the other end of a
+One server per parent process and network mode, started on first use: ``python -I -S -B
+child.pyc --server <fd> <netns>`` with a scrubbed environment, in its own session (and, with
+``netns``, its own empty network namespace, entered once at start), holding the other end of a
 ``SOCK_SEQPACKET`` socket. A program costs the server one ``fork`` instead of an interpreter
-start-up and the child's imports (``python bench/sandbox.py``). The server never runs user
-code: each fork confines itself and runs exactly one program, so no program sees another's
-state.
+start-up, the child's imports and a namespace of its own (``python bench/sandbox.py``,
+``python bench/scoring.py``). The server never runs user code: each fork confines itself and
+runs exactly one program, so no program sees another's state.
 
 Lifetime: the server exits when this process's end of the socket closes (normal exit, a
 crash, SIGKILL), killing its live programs first. A process forked from this one does not
@@ -87,7 +88,8 @@ def server_files() -> dict[str, bytes]:
 
 
 class ForkServer:
-    def __init__(self):
+    def __init__(self, netns: bool):
+        self.netns = netns
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         workdir = tempfile.mkdtemp(prefix="lopd-sbx-server-")
         try:
@@ -97,7 +99,7 @@ class ForkServer:
                 with open(path, "wb") as fh:
                     fh.write(data)
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "child.pyc", "--server", str(theirs.fileno())],
+                [sys.executable, "-I", "-S", "-B", "child.pyc", "--server", str(theirs.fileno()), str(int(netns))],
                 cwd=workdir, env={**CHILD_ENV, "HOME": workdir}, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
             theirs.close()
@@ -130,15 +132,16 @@ class ForkServer:
         threading.Thread(target=self._read, name="lopd-sandbox-server", daemon=True).start()
 
     # ---------------------------------------------------------------- requests
-    def spawn(self, tmp: str, cpu_s: int, mem_bytes: int, netns: bool, drop: bool, fds) -> Program:
-        """Fork a program with cwd/``$HOME`` ``tmp`` and ``fds`` as its stdin/stdout/stderr."""
+    def spawn(self, tmp: str, cpu_s: int, mem_bytes: int, drop: bool, fds) -> Program:
+        """Fork a program with cwd/``$HOME`` ``tmp`` and ``fds`` as its stdin/stdout/stderr, in
+        this server's network namespace (``self.netns``)."""
         ident = next(self._ids)
         done, slot = threading.Event(), []
         with self._lock:
             if self.dead:
                 raise ServerDied("the sandbox's fork server is gone")
             self._pending[ident] = (done, slot)
-        msg = f"spawn {ident} {cpu_s} {mem_bytes} {int(netns)} {int(drop)} {tmp}".encode()
+        msg = f"spawn {ident} {cpu_s} {mem_bytes} {int(drop)} {tmp}".encode()
         try:
             socket.send_fds(self.ctl, [msg], list(fds))
         except OSError as e:
@@ -223,36 +226,43 @@ class ForkServer:
             program.exited.set()  # status None: unknown
 
 
-_SERVER: ForkServer | None = None
+_SERVERS: dict[bool, ForkServer] = {}  # network namespace or not -> that mode's server
 _SERVER_LOCK = threading.Lock()
 
 
-def fork_server() -> ForkServer:
-    """This process's fork server, started (or restarted, if it died) on demand."""
-    global _SERVER
+def fork_server(netns: bool | None = None) -> ForkServer:
+    """This process's fork server for ``netns`` (default: what :func:`isolation` allows),
+    started (or restarted, if it died) on demand."""
+    if netns is None:
+        from lopd.sandbox.limits import isolation
+
+        netns = isolation()["netns"]
     with _SERVER_LOCK:
-        if _SERVER is None or _SERVER.dead or _SERVER.owner != os.getpid():
-            if _SERVER is not None and _SERVER.owner == os.getpid():
-                _SERVER.close()
-            _SERVER = ForkServer()
-        return _SERVER
+        srv = _SERVERS.get(netns)
+        if srv is None or srv.dead or srv.owner != os.getpid():
+            if srv is not None and srv.owner == os.getpid():
+                srv.close()
+            srv = _SERVERS[netns] = ForkServer(netns)
+        return srv
 
 
 def _forget_after_fork() -> None:
-    """In a process forked from this one: drop the inherited handle (closing only our copy of
-    the socket: the server keeps serving the parent) and the lock, which may be held."""
-    global _SERVER, _SERVER_LOCK
-    if _SERVER is not None:
+    """In a process forked from this one: drop the inherited handles (closing only our copies
+    of the sockets: the servers keep serving the parent) and the lock, which may be held."""
+    global _SERVER_LOCK
+    for srv in _SERVERS.values():
         try:
-            _SERVER.ctl.close()
+            srv.ctl.close()
         except OSError:
             pass
-    _SERVER, _SERVER_LOCK = None, threading.Lock()
+    _SERVERS.clear()
+    _SERVER_LOCK = threading.Lock()
 
 
 def _shutdown() -> None:
-    if _SERVER is not None and _SERVER.owner == os.getpid():
-        _SERVER.close()
+    for srv in list(_SERVERS.values()):
+        if srv.owner == os.getpid():
+            srv.close()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

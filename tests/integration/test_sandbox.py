@@ -478,7 +478,7 @@ def test_a_wedged_fork_server_is_replaced(monkeypatch):
     null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
     try:
         with pytest.raises(srv.ServerDied, match="did not answer"):
-            old.spawn(tempfile.gettempdir(), 1, 1 << 28, False, False, null)
+            old.spawn(tempfile.gettempdir(), 1, 1 << 28, False, null)
         assert old.dead and old._pending == {}
     finally:
         os.kill(old.proc.pid, signal.SIGCONT)
