@@ -577,3 +577,34 @@ def test_a_listing_inside_the_sandbox_and_the_stdlib_is_allowed():
 
 def test_a_program_that_lists_outside_scores_zero(task, tmp_path):
     assert score(task, "import os \nos.listdir ( '/etc' ) \n" + task.spec["solution"]) == 0.0
+
+
+# ------------------------------------------------------------------------ paid once, decided per call
+def test_the_fork_server_holds_the_network_namespace():
+    """With the namespace allowed, the server enters a fresh one at start and its programs run in it,
+    not in the parent's; the server without it stays in the parent's."""
+    from lopd.sandbox import server as srv
+
+    if not sandbox.isolation()["netns"]:
+        pytest.skip("no network namespace on this machine")
+    fs = srv.fork_server(True)
+    server_ns, own_ns = os.readlink(f"/proc/{fs.proc.pid}/ns/net"), os.readlink("/proc/self/ns/net")
+    assert server_ns != own_ns
+    r = run_calls("import os\ndef f(x):\n    return os.readlink('/proc/self/ns/net')", "f", [[0]])
+    assert r.status == "ok" and r.outputs == [server_ns], r
+    plain = srv.fork_server(False)
+    assert plain is not fs and os.readlink(f"/proc/{plain.proc.pid}/ns/net") == own_ns
+
+
+def test_calls_sent_at_once_decide_like_calls_one_at_a_time():
+    """run_calls sends every call before the first answer: the first failing call still decides, even
+    when a later call would flood, hang or be refused."""
+    head = "import sys, os\ndef f(x):\n    if x == 2:\n        raise KeyError(x)\n    if x == 3:\n"
+    for later in ("        sys.stderr.write('C' * 200000)\n", "        while True: pass\n",
+                  "        os.link('/etc/passwd', 'p')\n"):
+        r = run_calls(head + later + "    return x", "f", [[1], [2], [3]], timeout_s=2.0)
+        assert r.status == "error" and "KeyError" in r.detail, (later, r)
+        with Session(head + later + "    return x", "f", timeout_s=2.0) as s:
+            assert s.call(1) == 1
+            with pytest.raises(CallError, match="KeyError"):
+                s.call(2)
