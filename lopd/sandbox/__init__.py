@@ -75,17 +75,8 @@ signal, or for flooding its output), ``"refused"`` (the audit hook refused somet
 from __future__ import annotations
 
 from lopd.sandbox.limits import isolation
-from lopd.sandbox.session import (
-    STATUSES,
-    CallError,
-    NotPlainData,
-    SandboxResult,
-    Session,
-    SessionOver,
-    dumps_plain,
-    loads_plain,
-    run_calls,
-)
+from lopd.sandbox.results import STATUSES, CallError, NotPlainData, SandboxResult, SessionOver
+from lopd.sandbox.session import Session, dumps_plain, loads_plain, run_calls
 
 __all__ = ["STATUSES", "CallError", "NotPlainData", "SandboxResult", "Session", "SessionOver",
            "dumps_plain", "loads_plain", "isolation", "run_calls"]

@@ -15,13 +15,12 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
 
-from lopd.sandbox.plain import make_codec
 from lopd.sandbox.limits import NOBODY, isolation, limit_args
+from lopd.sandbox.plain import make_codec
+from lopd.sandbox.results import CallError, NotPlainData, SandboxResult, SessionOver
 from lopd.sandbox.server import Program, fork_server
 
-STATUSES = ("ok", "timeout", "error", "killed", "refused", "no_output")
 RECURSION_LIMIT = 1000
 _STDERR_TAIL = 16384
 _REPLY_STATUSES = ("ok", "error", "refused")
@@ -32,36 +31,6 @@ _CHUNK = 65536
 
 # the one plain-data codec, shared with the child (exact types; tuples, dicts, sets tagged)
 dumps_plain, loads_plain = make_codec()
-
-
-@dataclass
-class SandboxResult:
-    status: str  # one of STATUSES
-    outputs: list | None  # plain-data return values of every call, in order, when ok
-    detail: str  # short human-readable reason
-
-
-class CallError(Exception):
-    """The sandboxed function raised; ``detail`` names the exception. The session goes on."""
-
-    def __init__(self, detail: str):
-        super().__init__(detail)
-        self.detail = detail
-
-
-class NotPlainData(TypeError):
-    """An argument the *caller* passed is not plain data (a bug of the caller, not a score)."""
-
-
-class SessionOver(BaseException):
-    """The run ended without an answer: timeout, kill, refusal, crash or malformed reply.
-
-    A ``BaseException``, so that test code calling the sandboxed function through a proxy
-    cannot swallow it with ``except Exception``."""
-
-    def __init__(self, result: SandboxResult):
-        super().__init__(result.detail)
-        self.result = result
 
 
 class Session:
@@ -94,7 +63,7 @@ class Session:
         self._replies: collections.deque = collections.deque()  # reply bodies, marker stripped, in order
         self._to_child = bytearray()  # not yet written to the child's stdin
         self._line = bytearray()  # stdout since its last newline
-        self._out_bytes = self._err_bytes = 0
+        self._bytes = {"_stdout": 0, "_stderr": 0}  # read so far, against max_output_bytes
         self._err_tail = bytearray()
         self._timed_out = self._flooded = False
         self._killed_at: float | None = None
@@ -123,11 +92,7 @@ class Session:
             raise SessionOver(self.result)
         self._send(request)
         self._await_ready()
-        status, value = self._receive(self._seq)
-        if status == "error":
-            raise CallError(value if type(value) is str else "error")
-        self.outputs.append(value)
-        return value
+        return self._answer(self._seq)
 
     def run_all(self, calls: list[list]) -> SandboxResult:
         """``fn(*args)`` for each of ``calls``, then the finish, all sent at once: the answers come
@@ -142,11 +107,8 @@ class Session:
         self._send(dumps_plain([self._seq + 1, None, None]))
         self._await_ready()
         for seq in range(self._seq - len(requests), self._seq):
-            status, value = self._receive(seq)
-            if status == "error":
-                raise CallError(value if type(value) is str else "error")
-            self.outputs.append(value)
-        return self._finished(self._receive(self._seq))
+            self._answer(seq)
+        return self._finished()
 
     def finish(self) -> SandboxResult:
         """End the session; ``ok`` unless the child refused something, even between calls.
@@ -155,7 +117,7 @@ class Session:
             raise SessionOver(self.result)
         self._send(dumps_plain([self._seq + 1, None, None]))
         self._await_ready()
-        return self._finished(self._receive(self._seq))
+        return self._finished()
 
     def close(self) -> None:
         """Kill the child's process group, reap it, remove the temp dir. Idempotent."""
@@ -164,10 +126,7 @@ class Session:
                 self._kill()
                 self._program.exited.wait(timeout=5)
         for name in ("_stdin", "_stdout", "_stderr"):
-            fd = getattr(self, name)
-            if fd is not None:
-                setattr(self, name, None)
-                os.close(fd)
+            self._close(name)
         for fd in self._parked:
             os.close(fd)
         self._parked.clear()
@@ -220,17 +179,28 @@ class Session:
                 return
             del self._to_child[:n]
 
+    def _read(self, name: str) -> bytes | None:
+        """A chunk of pipe ``name`` (``"_stdout"`` or ``"_stderr"``), counted against the output limit;
+        ``None`` when there is nothing to use (not ready, its end, or a flood)."""
+        try:
+            chunk = os.read(getattr(self, name), _CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close(name)
+            return None
+        self._bytes[name] += len(chunk)
+        if self._bytes[name] > self.max_output_bytes:
+            self._on_flood(name)
+            return None
+        return chunk
+
     def _read_stdout(self) -> None:
         """Complete lines that start with this run's marker are replies; nothing else counts."""
-        chunk = self._read(self._stdout)
+        chunk = self._read("_stdout")
         if chunk is None:
-            return
-        if not chunk:
-            self._close("_stdout")
-            return
-        self._out_bytes += len(chunk)
-        if self._out_bytes > self.max_output_bytes:
-            self._on_flood("_stdout")
             return
         self._line += chunk
         *lines, rest = self._line.split(b"\n")
@@ -241,27 +211,10 @@ class Session:
 
     def _read_stderr(self) -> None:
         """Counted, and its last ``_STDERR_TAIL`` bytes kept for error messages."""
-        chunk = self._read(self._stderr)
-        if chunk is None:
-            return
-        if not chunk:
-            self._close("_stderr")
-            return
-        self._err_bytes += len(chunk)
-        if self._err_bytes > self.max_output_bytes:
-            self._on_flood("_stderr")
-            return
-        self._err_tail += chunk
-        del self._err_tail[: max(0, len(self._err_tail) - _STDERR_TAIL)]
-
-    @staticmethod
-    def _read(fd: int) -> bytes | None:
-        try:
-            return os.read(fd, _CHUNK)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
+        chunk = self._read("_stderr")
+        if chunk is not None:
+            self._err_tail += chunk
+            del self._err_tail[: max(0, len(self._err_tail) - _STDERR_TAIL)]
 
     def _close(self, name: str) -> None:
         fd = getattr(self, name)
@@ -340,7 +293,17 @@ class Session:
                 self._end("error", value if type(value) is str else "error")
             self._ready = True
 
-    def _finished(self, _reply) -> SandboxResult:
+    def _answer(self, seq: int):
+        """The return value of call ``seq``; :class:`CallError` if the function raised."""
+        status, value = self._receive(seq)
+        if status == "error":
+            raise CallError(value if type(value) is str else "error")
+        self.outputs.append(value)
+        return value
+
+    def _finished(self) -> SandboxResult:
+        """The finish's answer (the last request sent): the run is ``ok``, and over."""
+        self._receive(self._seq)
         self._said_goodbye = True
         self.result = SandboxResult("ok", list(self.outputs), "")
         self.close()
