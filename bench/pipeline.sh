@@ -2,10 +2,12 @@
 # Times the full default `dvc repro` from a clean copy of this checkout, then the no-op rerun, and
 # says where the time went (start-up, useful CPU share, time per stage kind: bench/pipeline_report.py).
 #   bash bench/pipeline.sh [profile.yaml]     (default: params.yaml as committed)
+#   LOPD_PIPELINE_DIR=<dir> puts the workspace under <dir> instead of /tmp (a run that must outlive /tmp)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="$REPO/.venv/bin"
-WORK="$(mktemp -d /tmp/lopd-pipeline-XXXX)"
+mkdir -p "${LOPD_PIPELINE_DIR:-/tmp}"
+WORK="$(mktemp -d "${LOPD_PIPELINE_DIR:-/tmp}/lopd-pipeline-XXXX")"
 export PATH="$BIN:$PATH" DVC_NO_ANALYTICS=1 MLFLOW_DISABLE_TELEMETRY=true
 cd "$REPO"
 git ls-files -co --exclude-standard | while read -r f; do [ -f "$f" ] && mkdir -p "$WORK/$(dirname "$f")" && cp -p "$f" "$WORK/$f"; done
