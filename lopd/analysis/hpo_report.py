@@ -295,7 +295,8 @@ def _tuning_table(search: dict, runs: dict) -> str:
                 how += "; m, K, n_ret, lr of the selected point"
             budget = budgets.get(arm, "?") + (" at the search's point" if sw.get("use_selected") else "")
         elif sw.get("use_selected") and sw.get("trains", True):
-            how = "the search's selected point (m, K, n_ret, student lr, η_β)"
+            how = ("the search's binding point: its best trial whose margin binds (m, K, n_ret, student lr, η_β)"
+                   if sw.get("point") == "binding" else "the search's selected point (m, K, n_ret, student lr, η_β)")
             budget = f"the search's ({search_budget})" if arm != "lopd" else search_budget
         elif not sw.get("trains", True):
             how, budget = "not trained", "—"

@@ -206,11 +206,11 @@ def build_report(params: Params, root: Path = Path("."), registration: dict | No
 
     mt = tables.main_table(params, evals)
     tables.write_main_table(out, params, evals, mt)
-    cmp = tables.comparisons(params, evals, rule.treatment)
-    tables.write_comparisons(out, params, cmp)
-    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()})
     pair_arms = sorted({a for pair in rp.margin_contrasts for a in pair})
     margin_contrasts = margin_contrast_tests(rp.margin_contrasts, {a: values(evals, a) for a in pair_arms}, not_run)
+    cmp = tables.comparisons(params, evals, rule.treatment)
+    tables.write_comparisons(out, params, cmp, margin_contrasts)
+    fal = analyse(rule, {a: values(evals, a) for a in rule.arms()})
     conf = confirm_report.confirmation(rule, root, registration, ledger)
     head = confirm_report.render_confirmation(conf, confirm_report.spec_curve_png(out, conf))
     pilot = render(rule, fal, premise, _design_note(params, rule, fal), ci_scope(params.train.per_seed_draws),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lopd.analysis import stats as st
+from lopd.analysis.falsification import render_margin_contrasts
 from lopd.analysis.loading import MEAN_COL, values
 from lopd.analysis.render import CONDITIONAL, arm_order, fmt, fmt_p, md_table, tex_escape, write_text
 from lopd.utils import write_json
@@ -140,7 +141,10 @@ def comparisons(params: Params, evals, treatment: str) -> dict:
     return {"rows": rows, "skipped": skipped, "missing_treatment": False, "treatment": treatment}
 
 
-def write_comparisons(out: Path, params: Params, cmp: dict) -> None:
+def write_comparisons(out: Path, params: Params, cmp: dict, margin_contrasts: list | None = None) -> None:
+    """``comparisons.md``: the family of :func:`comparisons`, then the margin's contrasts outside it
+    (:func:`lopd.analysis.falsification.margin_contrast_tests`: lopd_binding against each control of the
+    mechanism among them), the same rows as in ``falsification.md``."""
     t, alpha = cmp["treatment"], params.report.alpha
     md = [f"# {t} vs every other arm (test mean reward), exploratory", ""]
     if cmp["missing_treatment"]:
@@ -163,6 +167,7 @@ def write_comparisons(out: Path, params: Params, cmp: dict) -> None:
                          "yes" if r["p_holm"] < alpha else "no"] for r in cmp["rows"]]))
     if cmp["skipped"]:
         md += ["", f"Fewer than two seeds shared with {t} (not compared): " + ", ".join(cmp["skipped"]) + "."]
+    md += render_margin_contrasts(margin_contrasts or [])
     write_text(out / "comparisons.md", "\n".join(md))
 
 

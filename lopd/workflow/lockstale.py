@@ -32,6 +32,13 @@ def _lock_outs(root: Path) -> set[str]:
     return {o["path"].rstrip("/") for st in (lock.get("stages") or {}).values() for o in st.get("outs") or []}
 
 
+def _produced(path: str, outs: set[str]) -> bool:
+    """Whether a stage writes ``path``: it is an output, lies under one (``data/confirm/manifest.json`` in
+    ``data/confirm``), or holds some (``models/draws`` over ``models/draws/bank-0``)."""
+    path = path.rstrip("/")
+    return any(path == o or path.startswith(o + "/") or o.startswith(path + "/") for o in outs)
+
+
 def _dvc_status(root: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -58,7 +65,7 @@ def stale(root: Path) -> list[str]:
                     lines.append(f"{stage}: params {', '.join(f'{k} {v}' for k, v in sorted(what.items()))}")
                 elif path == "params.yaml":
                     lines.append(f"{stage}: params {what}")
-                elif path.rstrip("/") not in produced:
+                elif not _produced(path, produced):
                     lines.append(f"{stage}: dependency {path} {what}")
             for path, what in (e.get("changed outs") or {}).items():
                 if path.startswith(COMMITTED_OUTS) and what != "not in cache":

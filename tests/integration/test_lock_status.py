@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lopd.workflow.lockstale import stale
+from lopd.workflow.lockstale import _produced, stale
 from tests.conftest import REPO
 
 STEP = "import yaml, pathlib\nx = yaml.safe_load(open('params.yaml'))['a']['x']\n" \
@@ -58,10 +58,16 @@ def test_a_fresh_lock_passes_and_each_planted_edit_is_named(tmp_path):
     assert stale(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the committed dvc.lock and reports/ predate the margin, confirmation and rule changes (README: 'stale by "
-    "design'); the clean repro that commits the next lock makes this pass, and strict xfail then fails until "
-    "this marker is removed"))
+def test_a_dependency_above_or_below_a_stage_output_is_produced_not_committed():
+    outs = {"models/draws/bank-0", "data/confirm"}
+    assert _produced("models/draws", outs)  # a folder holding outputs (a fresh clone has none of it)
+    assert _produced("data/confirm/manifest.json", outs)  # a file inside an output
+    assert _produced("data/confirm/", outs)
+    assert not _produced("models/draw", outs)  # a prefix of a name is not a parent folder
+    assert not _produced("data/confirmation.yaml", outs)
+    assert not _produced("registration/ledger.yaml", outs)
+
+
 def test_the_committed_lock_describes_the_committed_tree():
     lines = stale(REPO)
     assert lines == [], f"{len(lines)} differences, e.g. {lines[:5]} (lopd lock-status lists them)"
