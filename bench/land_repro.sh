@@ -44,5 +44,5 @@ rm -rf "$REPO/reports" && cp -a reports "$REPO/reports"   # every file under rep
 cd "$REPO"
 PYTHONPATH="$REPO" lopd lock-status || fail "the checkout's lock is stale after the copy"
 git status --short
-echo "landed. By hand: remove the strict xfail of tests/integration/test_lock_status.py, update the README's results"
-echo "and docs/benchmarks.md from reports/ and $WORK (bench/pipeline_report.py), then commit all of it in one commit."
+echo "landed. By hand: update the README's results and docs/benchmarks.md from reports/ and $WORK"
+echo "(bench/pipeline_report.py, bench/compare_locks.py), then commit all of it in one commit."

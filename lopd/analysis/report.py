@@ -47,7 +47,9 @@ INDEX = [("falsification.md", "the registration's hash, the confirmatory verdict
                              "design check, tests, verdict"),
          ("main_table.md", "test reward per domain and mean, mean ± t 95% CI over seeds (markdown)"),
          ("main_table.tex", "the same table for LaTeX"),
-         ("comparisons.md", "lopd vs each arm (exploratory): paired t, t-CI, sign-flip, Holm, paired P(improvement)"),
+         ("comparisons.md", "lopd vs each arm (exploratory): paired t, t-CI, sign-flip, Holm, paired P(improvement); "
+                            "then the margin's contrasts outside that family (report.margin_contrasts: lopd_binding "
+                            "against lopd_frozen, lopd_nomargin, lopd_ramp, lopd_fixbeta)"),
          ("seed_variance.md", "seed spread, evaluation-noise share, and the sd and smallest detectable effect of the "
                               "rule's per-seed contrasts"),
          ("margin_dynamics.md", "per-run flags: β unbounded, infeasible margin, Δ never reaching m"),
