@@ -7,7 +7,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="$REPO/.venv/bin"
 mkdir -p "${LOPD_PIPELINE_DIR:-/tmp}"
-WORK="$(mktemp -d "${LOPD_PIPELINE_DIR:-/tmp}/lopd-pipeline-XXXX")"
+WORK="$(cd "$(mktemp -d "${LOPD_PIPELINE_DIR:-/tmp}/lopd-pipeline-XXXX")" && pwd)"   # absolute: the script changes directory
 export PATH="$BIN:$PATH" DVC_NO_ANALYTICS=1 MLFLOW_DISABLE_TELEMETRY=true
 cd "$REPO"
 git ls-files -co --exclude-standard | while read -r f; do [ -f "$f" ] && mkdir -p "$WORK/$(dirname "$f")" && cp -p "$f" "$WORK/$f"; done
