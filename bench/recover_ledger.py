@@ -16,9 +16,13 @@ prints the entry of the read in a finished workspace ``DIR`` (its ``reports/fals
 ``dvc.lock``) that is not committed yet: a commit cannot name itself, so ``commit`` is ``C``, the commit whose tree
 the run was copied from (the verdict lands in its child), and ``date`` the time the report was written.
 
-At ``e07b929`` it finds five registrations, all on split manifest ``1fedb8ac…``: ``6c3c30e3…`` (``a5ec95e``),
-``afb5a58b…`` (``952c1fe``), ``d67b8342…`` (``bb6da92``), ``0082876d…`` (``c7eb2d2``) and ``e076c854…``
-(``f700b03``, the registration ``reports/falsification.md`` names), as ``registration/ledger.yaml`` records them.
+At ``c088830`` it finds six registrations. Five are on split manifest ``1fedb8ac…``: ``6c3c30e3…`` (``a5ec95e``),
+``afb5a58b…`` (``952c1fe``), ``d67b8342…`` (``bb6da92``), ``0082876d…`` (``c7eb2d2``) and ``e076c854…`` (``f700b03``).
+The sixth, ``8edb57ef…`` on manifest ``c11a10d4…`` with seeds 200–231, is the registration ``reports/falsification.md``
+names. ``registration/ledger.yaml`` records all six. The first five are recorded as this mode prints them. The sixth
+was appended by ``--workspace`` when ``bench/land_repro.sh`` landed it, so the ledger names ``a182d37``, the tree
+that ran, with the date of the run's report. This mode instead names ``06b0aef``, the commit that landed the
+verdict, with that commit's date; its S, seeds, split and verdict are the same.
 """
 
 from __future__ import annotations
@@ -67,6 +71,19 @@ def entry_of(md: str, params: dict, lock: dict, commit: str, date: str) -> dict:
             "verdict": verdict, "label": label}
 
 
+def reads(rev: str = "HEAD") -> list[dict]:
+    """One entry per registration a committed ``reports/falsification.md`` named, from the first commit naming it."""
+    entries, seen = [], set()
+    for commit in reversed(git("log", "--format=%H", rev, "--", "reports/falsification.md").split()):
+        md = show(commit, "reports/falsification.md")
+        m = REG.search(md or "")
+        if m is None or m.group(1) in seen:
+            continue
+        seen.add(m.group(1))
+        entries.append(entry(commit, md))
+    return entries
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="HEAD")
@@ -86,15 +103,7 @@ def main() -> int:
                      yaml.safe_load((ws / "dvc.lock").read_text()), git("rev-parse", a.commit).strip(), date)
         yaml.safe_dump([e], sys.stdout, sort_keys=False, width=120, default_flow_style=None)
         return 0
-    entries, seen = [], set()
-    for commit in reversed(git("log", "--format=%H", a.rev, "--", "reports/falsification.md").split()):
-        md = show(commit, "reports/falsification.md")
-        m = REG.search(md or "")
-        if m is None or m.group(1) in seen:
-            continue
-        seen.add(m.group(1))
-        entries.append(entry(commit, md))
-    yaml.safe_dump({"reads": entries}, sys.stdout, sort_keys=False, width=120, default_flow_style=None)
+    yaml.safe_dump({"reads": reads(a.rev)}, sys.stdout, sort_keys=False, width=120, default_flow_style=None)
     return 0
 
 

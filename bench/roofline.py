@@ -11,8 +11,8 @@ anchor and margin terms), and the one backward over every member's loss. Each pa
 and FLOPs are counted and turned into positions/s and GFLOP/s.
 
 The reference is the **bare model**: the backbone with no adapter, no routing, no context, on a batch of
-the same shape as the student's, a log-softmax NLL, and the backward, as the issue that set the goal timed
-it. Its positions/s is what the passes would reach if they added nothing around the model.
+the same shape as the student's, a log-softmax NLL, and the backward, as the goal of 40k student positions/s
+was timed. Its positions/s is what the passes would reach if they added nothing around the model.
 
 FLOP model (printed): a position's forward costs 2 FLOPs per weight it meets (the decoder's linear
 maps, the LM head, the LoRA factors of the targeted maps) plus attention's 4 · heads · head_dim ·
