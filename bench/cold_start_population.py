@@ -2,8 +2,8 @@
 
     python bench/cold_start_population.py --workdir DIR [--sizes 1 10] [--steps 10] [--check 3]
 
-A faster repro would have the per-seed cold starts (11 × 24 s of a default repro) to train as one
-population, as the final runs do. This bench builds that population outside the pipeline (the pipeline's
+Could the per-seed cold starts (11 × 24 s of a default repro) train faster as one
+population, as the final runs do? This bench builds that population outside the pipeline (the pipeline's
 :func:`lopd.training.cold_start.cold_start` is unchanged): S draws of ``DIR/models/draws/bank-s``, each
 member its own composer on its own view of the backbone (:meth:`~lopd.model.backbone.Backbone.member_views`,
 starting from the backbone's ``composer`` adapter as alone), optimiser and random stream (its own K, n_ret
