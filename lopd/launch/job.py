@@ -21,37 +21,45 @@ STOPPED_RC = 130  # a job stopped by its launch's stop file (lopd.launch.driver)
 
 
 def run_job(spec: dict) -> dict:
-    """One job (runs inside a Ray worker): restore the upstream outputs, then let DVC run the stage.
+    """One job (runs inside a Ray worker): restore the upstream outputs, then let DVC run the stage, or the
+    stages of a batch (``spec["members"]``: stages of one kind, run by one ``dvc repro --single-item A B ...``
+    in one worktree, so that they share its DVC start-up, checkout and warm worker).
 
-    Returns ``{"rc", "ran", "restored", "entry"}``: the exit status, the stage commands DVC ran
-    ("Running stage" lines), whether DVC restored the stage from the run-cache, and the stage's
-    ``dvc.lock`` entry written by DVC (``None`` on failure)."""
+    Returns ``{"rc", "ran", "restored", "entries"}``: the exit status, the stage commands DVC ran
+    ("Running stage" lines), the stages DVC restored from the run-cache, and each stage's ``dvc.lock``
+    entry written by DVC (all of them, or none on failure)."""
     import ray
 
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     cwd, stage, log, events = spec["cwd"], spec["stage"], spec["log"], spec["events"]
+    members = spec.get("members") or [{"stage": stage, "lockfile": spec["lockfile"], "lock_key": spec["lock_key"]}]
+    names = [m["stage"] for m in members]
     env = dvc_env()
     event(events, "start", stage=stage, attempt=spec["attempt"], cwd=cwd, gpu_ids=gpu_ids,
-          cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+          cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), **({"members": names} if len(names) > 1 else {}))
     stop = spec.get("stop")
+    entries: dict[str, dict | None] = {}
     with open(log, "a") as fh:
         rc = run_logged(["dvc", "checkout", *spec["checkout"]], cwd, fh, env, stop_file=stop) \
             if spec["checkout"] else 0
         if rc == 0:
             rc = _copy_missing(spec, fh)
         if rc == 0:
-            cmd = ["dvc", "repro", stage] if spec["in_main"] else ["dvc", "repro", "--single-item", stage]
+            cmd = ["dvc", "repro", stage] if spec["in_main"] else ["dvc", "repro", "--single-item", *names]
             rc = run_logged(cmd, cwd, fh, env, stop_file=stop, on_start=lambda pid: event(
                 events, "running", stage=stage, attempt=spec["attempt"], pid=pid))
-        entry = read_lock_entry(cwd, spec["lockfile"], spec["lock_key"]) if rc == 0 else None
-        if rc == 0 and entry is None:
-            print(f"dvc repro exited 0 but {spec['lockfile']} has no entry {spec['lock_key']!r}", file=fh)
-            rc = 1
+        if rc == 0:
+            entries = {m["stage"]: read_lock_entry(cwd, m["lockfile"], m["lock_key"]) for m in members}
+            missing = [f"{m['lockfile']}: {m['lock_key']!r}" for m in members if entries[m["stage"]] is None]
+            if missing:
+                print(f"dvc repro exited 0 but these lock entries are absent: {', '.join(missing)}", file=fh)
+                rc, entries = 1, {}
     lines = Path(log).read_text(errors="replace").splitlines()
     ran = stages_run(lines)
-    restored = any(ln.startswith(f"Stage '{stage}' is cached - skipping run") for ln in lines)
-    event(events, "end", stage=stage, attempt=spec["attempt"], rc=rc, ran=ran, restored=restored, gpu_ids=gpu_ids)
-    return {"rc": rc, "ran": ran, "restored": restored, "entry": entry}
+    restored = [n for n in names if any(ln.startswith(f"Stage '{n}' is cached - skipping run") for ln in lines)]
+    event(events, "end", stage=stage, attempt=spec["attempt"], rc=rc, ran=ran, restored=len(restored) == len(names),
+          gpu_ids=gpu_ids)
+    return {"rc": rc, "ran": ran, "restored": restored, "entries": entries}
 
 
 def stages_run(lines: list[str]) -> list[str]:

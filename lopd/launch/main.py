@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from lopd.errors import BadInput
 from lopd.utils import atomic_write_text
-from lopd.launch.driver import INTERRUPTED, Driver, raise_if_interrupted, resources_for
+from lopd.launch.driver import INTERRUPTED, Driver, raise_if_interrupted, resources_for, slots_per_kind
 from lopd.launch.job import dvc_env, event, run_job, run_logged, stages_run
 from lopd.launch.plan import Plan, read_plan
 from lopd.launch.worktree import git, remove_stale_worktrees, remove_worktree
@@ -73,11 +73,13 @@ def fan_in(root: Path, targets: list[str], log_dir: Path) -> dict:
 
 def launch(params: Params, root: str | Path = ".", address: str | None = None, num_cpus: float | None = None,
            num_gpus: float | None = None, targets: list[str] | None = None, log_dir: str | Path | None = None,
-           check_resources: bool = True) -> dict:
+           check_resources: bool = True, batch: bool = False) -> dict:
     """Run the out-of-date stages on Ray (``address``: an existing cluster; None: start a local
     one with ``num_cpus``/``num_gpus`` logical resources), then fan in. Returns the summary
     that is also written to ``<log dir>/summary.json``; ``summary["ok"]``: every job finished,
-    the fan-in ran no stage command and ``dvc status`` is clean."""
+    the fan-in ran no stage command and ``dvc status`` is clean. ``batch``: the ready stages of one kind run as
+    at most as many jobs as the cluster runs of that kind at once, each submitted when the cluster has room for
+    it, the longest chain first (:func:`lopd.launch.driver.next_jobs`)."""
     root = Path(git(Path(root), "rev-parse", "--show-toplevel").strip())
     commit = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True,
                             text=True).stdout.strip()
@@ -98,7 +100,8 @@ def launch(params: Params, root: str | Path = ".", address: str | None = None, n
         summary: dict = {"launched": sorted(plan.launch), "log_dir": str(log_dir)}
         drv = None
         if plan.launch:
-            drv = _fan_out(plan, lp, root, wt_root, log_dir, commit, address, num_cpus, num_gpus, check_resources)
+            drv = _fan_out(plan, lp, root, wt_root, log_dir, commit, address, num_cpus, num_gpus, check_resources,
+                           batch)
             summary.update(done={k: _brief(v) for k, v in drv.done.items()},
                            failed={k: _brief(v) for k, v in drv.failed.items()}, blocked=drv.blocked)
         summary["jobs_s"] = round(time.time() - t0, 1)
@@ -133,7 +136,7 @@ def _exclusive(wt_root: Path, root: Path):
 
 
 def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: str, address, num_cpus, num_gpus,
-             check_resources: bool) -> Driver:
+             check_resources: bool, batch: bool = False) -> Driver:
     try:
         import ray
     except ImportError:
@@ -142,7 +145,9 @@ def _fan_out(plan: Plan, lp, root: Path, wt_root: Path, log_dir: Path, commit: s
     try:
         if check_resources:
             _check_resources(plan, lp, ray.cluster_resources())
-        drv = Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit)
+        totals = ray.cluster_resources()
+        slots = slots_per_kind(plan, lp.resources, totals) if batch else None
+        drv = Driver(plan, lp, root, wt_root, log_dir, ray.remote(run_job), commit, batch_slots=slots, totals=totals)
         try:
             drv.run()
         except KeyboardInterrupt:
@@ -190,7 +195,7 @@ def _stop_children() -> None:
 
 
 def _brief(out: dict) -> dict:
-    return {k: out.get(k) for k in ("rc", "attempt", "ran", "restored", "log", "error") if k in out}
+    return {k: out.get(k) for k in ("rc", "attempt", "ran", "restored", "log", "error", "batch") if k in out}
 
 
 def _worktree_root(root: Path, setting: str | None) -> Path:
@@ -269,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-cpus", type=float, default=None, help="local cluster: logical CPUs (default: all)")
     p.add_argument("--num-gpus", type=float, default=None, help="local cluster: logical GPUs (default: detected)")
     p.add_argument("--log-dir", default=None, help="default: <worktree_root>/logs/<time>")
+    p.add_argument("--batch", action="store_true",
+                   help="a fixed cluster's schedule: the ready stages of one kind as one job per slot the cluster has for "
+                        "it (one worktree, DVC start-up and warm worker for several stages), each submitted when the "
+                        "cluster has room, the longest chain of stages first; default: a job per stage, all queued")
     p.add_argument("--no-resource-check", action="store_true",
                    help="submit jobs larger than the cluster's current total (an autoscaling cluster grows)")
     a = p.parse_args(argv)
@@ -293,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     old_int = signal.signal(signal.SIGINT, on_signal)
     try:
         summary = launch(lp, ".", address=a.address, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
-                         targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check)
+                         targets=a.targets, log_dir=a.log_dir, check_resources=not a.no_resource_check, batch=a.batch)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ def stage_seconds(timing_dir: Path) -> dict[str, float]:
     return out
 
 
-def _levels(seconds: dict[str, float], upstream: dict[str, tuple[str, ...]]) -> dict[str, float]:
+def levels(seconds: dict[str, float], upstream: dict[str, tuple[str, ...]]) -> dict[str, float]:
     """Each stage's longest path to the end of the graph, its own time included."""
     downstream: dict[str, list[str]] = {s: [] for s in upstream}
     for s, ups in upstream.items():
@@ -54,7 +54,7 @@ def _levels(seconds: dict[str, float], upstream: dict[str, tuple[str, ...]]) -> 
 def critical_path(seconds: dict[str, float], upstream: dict[str, tuple[str, ...]]) -> tuple[float, list[str]]:
     """The longest chain of stages by summed time, and its length in seconds (a stage with no recorded
     time counts 0)."""
-    level = _levels(seconds, upstream)
+    level = levels(seconds, upstream)
     downstream: dict[str, list[str]] = {}
     for s, ups in upstream.items():
         for u in ups:
@@ -79,7 +79,7 @@ def list_schedule(seconds: dict[str, float], upstream: dict[str, tuple[str, ...]
         seconds = {s: seconds.get(s, 0.0) + overhead for s in upstream}
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    level = _levels(seconds, upstream)
+    level = levels(seconds, upstream)
     waiting = {s: set(ups) for s, ups in upstream.items()}
     downstream: dict[str, list[str]] = {}
     for s, ups in upstream.items():

@@ -169,6 +169,9 @@ TOY_SCRIPTS = {
         pathlib.Path("out").mkdir(exist_ok=True)
         pathlib.Path(f"out/{arm}-{seed}.txt").write_text(str(value))
         pathlib.Path(f"out/{arm}-{seed}.json").write_text(json.dumps({"value": value}))
+        timing = pathlib.Path(".lopd/timing")  # a stage's time record, a side file as lopd.dispatch writes it
+        timing.mkdir(parents=True, exist_ok=True)
+        (timing / f"work-{arm}-{seed}.json").write_text(json.dumps({"stage": f"work@{arm}-{seed}", "cwd": os.getcwd()}))
     """,
     "summary.py": """
         import json, pathlib
@@ -216,7 +219,7 @@ def _make_toy(root: Path, sleep: float = 3.0) -> Path:
                                        "work": {"num_cpus": 1, "num_gpus": 2}},
                          "max_retries": 0, "worktree_root": None, "shared_paths": [], "keep_worktrees": False}}
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (root / ".gitignore").write_text("/data/\n/search/\n/out/\n/summary.txt\n")
+    (root / ".gitignore").write_text("/data/\n/search/\n/out/\n/summary.txt\n/.lopd/\n")
     env = _env()
     for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
                 ["git", "commit", "-qm", "toy"]):
@@ -318,9 +321,41 @@ def test_toy_pipeline_fans_out_and_back_in(tmp_path):
     # the same outputs as a serial `dvc repro` (with cache: false metrics read downstream)
     assert _lock_outs(root) == _lock_outs(serial)
     assert (root / "summary.txt").read_text() == (serial / "summary.txt").read_text()
+    # each job's stage time record was kept in the main workspace before its worktree was removed
+    timings = {p.name: json.loads(p.read_text()) for p in (root / ".lopd/timing").glob("work-*.json")}
+    assert sorted(timings) == ["work-a-0.json", "work-a-1.json", "work-b-0.json", "work-b-1.json"]
+    assert all(Path(t["cwd"]) != root for t in timings.values()), "written in the jobs' worktrees, not the main one"
     assert not [p for p in (root / ".dvc/tmp/launch").iterdir() if p.is_dir() and p.name != "logs"], \
         "finished worktrees are removed"
     assert "worktree" not in _run(["git", "worktree", "list"], root, _env()).stdout.split("\n", 1)[-1]
+
+
+@needs_ray
+def test_batched_jobs_run_each_stage_once_and_match_a_serial_repro(tmp_path):
+    """``--batch``: the four ready work stages (2 GPUs each, 4 GPUs: 2 jobs at once) share jobs, each one
+    ``dvc repro --single-item A B …`` in one worktree, the first taking ceil(4 / 2) = 2 of them; outputs, lock
+    entries and the fan-in as without."""
+    serial = _make_toy(tmp_path / "serial", sleep=0)
+    r = _run([str(BIN / "dvc"), "repro"], serial, _env())
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    root = _make_toy(tmp_path / "toy", sleep=0)
+    marks, logs = tmp_path / "marks.jsonl", tmp_path / "logs"
+    r = _run([*_launch_cmd("params.yaml", logs), "--batch"], root, _env(marks))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    summary, events = json.loads((logs / "summary.json").read_text()), _events(logs)
+    work_jobs = [e for e in events if e["event"] == "start" and e["stage"].startswith("work@")]
+    members = [m for e in work_jobs for m in e.get("members", [e["stage"]])]
+    assert sorted(members) == ["work@a-0", "work@a-1", "work@b-0", "work@b-1"], work_jobs  # each in one job
+    assert len(work_jobs) < 4 and max(len(e.get("members", [])) for e in work_jobs) == 2, work_jobs
+    assert check_gpu_schedule(events, "work", per_job=2, total=4) <= 2  # never more jobs than the GPUs hold
+    assert sum(bool(summary["done"][k].get("batch")) for k in members) >= 2
+    argv = [m["argv"] for m in _marks(marks)]
+    assert sorted(a[0] for a in argv) == sorted(["gen.py", "search.py", "note.py", "summary.py"] + ["work.py"] * 4)
+    assert summary["ok"] and summary["fan_in"]["ran"] == []
+    assert _lock_outs(root) == _lock_outs(serial)
+    assert (root / "summary.txt").read_text() == (serial / "summary.txt").read_text()
+    assert len(list((root / ".lopd/timing").glob("work-*.json"))) == 4
 
 
 # ----------------------------------------------------------------------------- failures and resume
@@ -576,7 +611,7 @@ def test_an_interrupt_whose_keyboardinterrupt_was_dropped_still_stops_the_driver
     monkeypatch.setattr(driver, "main_cache_dir", lambda root: str(tmp_path / "cache"))
     plan = _plan([_job("work")], launch=[])
     drv = driver.Driver(plan, types.SimpleNamespace(), tmp_path, tmp_path / "wt", tmp_path, remote=None, commit="x")
-    drv.running = {"ref-0": ("work", 1, None)}
+    drv.running = {"ref-0": (("work",), 1, None)}
     driver.INTERRUPTED.clear()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -644,7 +679,7 @@ def test_an_interrupt_cancels_only_the_jobs_that_did_not_return_after_the_stop_f
     drv = driver.Driver(_plan([_job("work")], launch=[]), types.SimpleNamespace(), tmp_path, tmp_path / "wt",
                         tmp_path, remote=None, commit="x")
     assert not (tmp_path / driver.STOP_FILE).exists(), "a stale stop file would stop every job of the rerun"
-    drv.running = {"ref-0": ("work", 1, None), "ref-1": ("work", 1, None), "ref-2": ("queued", 1, None)}
+    drv.running = {"ref-0": (("work",), 1, None), "ref-1": (("work",), 1, None), "ref-2": (("queued",), 1, None)}
     drv.cancel()
     assert stop_seen and all(stop_seen) and cancelled == ["ref-2"]
 
