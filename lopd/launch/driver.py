@@ -52,7 +52,7 @@ class Driver:
         # batch mode (lopd launch --batch): stage kind -> jobs of it the cluster runs at once, and the cluster's
         # CPUs and GPUs; None: every ready stage is its own job, submitted at once, and Ray queues them
         self.batch_slots, self.totals = batch_slots, totals or {}
-        self.level = stage_levels(plan)
+        self.level = stage_levels(plan) if batch_slots is not None else {}
         self.commit, self.cache_dir = commit, main_cache_dir(root)
         self.main_locks = read_locks(root, plan.lockfiles)  # before any main-workspace job writes them
         self.entries: dict[str, dict[str, dict]] = {}  # lock file -> stage -> entry, of the jobs finished so far
@@ -93,11 +93,14 @@ class Driver:
             free["GPU"] -= res.num_gpus
         return free
 
+    def _name(self, group: tuple[str, ...]) -> tuple[str, str]:
+        """A job's name (its first stage, ``+N`` for the others of a batch) and that name as a file name."""
+        more = "" if len(group) == 1 else f"+{len(group) - 1}"
+        return group[0] + more, self.plan.jobs[group[0]].slug + more
+
     def _submit(self, group: tuple[str, ...], attempt: int) -> None:
-        name, job = group[0], self.plan.jobs[group[0]]
-        members = [self.plan.jobs[n] for n in group]
-        label = name if len(group) == 1 else f"{name}+{len(group) - 1}"  # the job's name: its first stage, +others
-        slug = job.slug if len(group) == 1 else f"{job.slug}+{len(group) - 1}"
+        job, members = self.plan.jobs[group[0]], [self.plan.jobs[n] for n in group]
+        label, slug = self._name(group)
         log = self.log_dir / f"{slug}.{attempt}.log"
         wt = None
         if not job.in_main:
@@ -126,8 +129,7 @@ class Driver:
         import ray
 
         group, attempt, wt = self.running.pop(ref)
-        name = group[0] if len(group) == 1 else f"{group[0]}+{len(group) - 1}"
-        slug = self.plan.jobs[group[0]].slug + ("" if len(group) == 1 else f"+{len(group) - 1}")
+        name, slug = self._name(group)
         log = self.log_dir / f"{slug}.{attempt}.log"
         try:
             out = ray.get(ref)
@@ -200,7 +202,8 @@ def next_jobs(plan: Plan, ready: list[str], slots: dict[str, int], level: dict[s
     smoke, ``docs/benchmarks.md``). A main-workspace stage is always its own job. Stages left wait for a free
     slot: submitted at once, Ray would start them in submission order, and 32 confirmation draws could then
     hold both slots while the search's chain waits."""
-    order = sorted(ready, key=lambda n: (-level.get(n, 0.0), plan.order.index(n)))
+    position = {n: i for i, n in enumerate(plan.order)}
+    order = sorted(ready, key=lambda n: (-level.get(n, 0.0), position[n]))
     free, taken, out = dict(free), set(), []
     for n in order:
         if n in taken:
