@@ -185,9 +185,17 @@ SMOKE_FILES = {f.relative_to(REPO).as_posix() for f in Path(__file__).parent.rgl
 TIERS = ("unit", "integration", "e2e")
 
 
+# The files that roll out the briefly trained tiny policy (tests/tiny_policy.py, cached per process): one worker
+# trains it once for all of them (13 s of CPU each time: 400 steps and the demonstrations)
+TRAINED_POLICY_FILES = {f.relative_to(REPO).as_posix() for f in Path(__file__).parent.rglob("test_*.py")
+                        if "trained_backbone(" in f.read_text()}
+
+
 def _group(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return "smoke-pipeline" if path in SMOKE_FILES else path
+    if path in SMOKE_FILES:
+        return "smoke-pipeline"
+    return "trained-policy" if path in TRAINED_POLICY_FILES else path
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SMOKE_FILES, _group, pytest_collection_modifyitems
+from tests.conftest import SMOKE_FILES, TRAINED_POLICY_FILES, _group, pytest_collection_modifyitems
 
 
 def _item(nodeid: str, *fixtures: str) -> SimpleNamespace:
@@ -18,6 +18,13 @@ def test_each_file_is_a_group_and_the_smoke_pipelines_files_are_one():
     assert "tests/unit/test_stats.py" not in SMOKE_FILES
     assert _group("tests/e2e/test_pipeline.py::test_x") == _group("tests/e2e/test_kill_anywhere.py::test_y[a]") == "smoke-pipeline"
     assert _group("tests/unit/test_stats.py::test_x") == "tests/unit/test_stats.py" != _group("tests/integration/test_params.py::test_x")
+
+
+def test_the_files_rolling_out_the_trained_tiny_policy_share_one_worker():
+    # tests/tiny_policy.py caches it per process: one group trains it once
+    assert {"tests/unit/test_sampling.py", "tests/unit/test_rollout_engine.py"} <= TRAINED_POLICY_FILES
+    assert _group("tests/unit/test_sampling.py::t") == _group("tests/unit/test_rollout_engine.py::t") == "trained-policy"
+    assert not TRAINED_POLICY_FILES & SMOKE_FILES
 
 
 def test_the_smoke_group_runs_first_and_keeps_each_files_order():
