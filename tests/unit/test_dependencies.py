@@ -26,6 +26,18 @@ def declared_distributions(pyproject: Path = REPO / "pyproject.toml") -> set[str
     return {_normalise(re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", r).group(1)) for r in reqs}
 
 
+def absolute_imports(path: Path) -> list[str]:
+    """The dotted module names of every absolute ``import`` and ``from ... import`` in ``path``, inside
+    functions too (``from a.b import c`` names ``a.b``)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
 def imported_modules(package: Path = PACKAGE, root: Path = REPO) -> dict[str, set[str]]:
     """Top-level module name -> the files under ``package`` (relative to ``root``) importing it, for every
     absolute ``import`` and ``from ... import`` (inside functions too), leaving out the standard library,
@@ -33,20 +45,13 @@ def imported_modules(package: Path = PACKAGE, root: Path = REPO) -> dict[str, se
     a temp dir)."""
     found: dict[str, set[str]] = {}
     for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
+        for name in absolute_imports(path):
+            top = name.split(".")[0]
+            if top in sys.stdlib_module_names or top == "lopd" or top == "__future__":
                 continue
-            for name in names:
-                top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top == "lopd" or top == "__future__":
-                    continue
-                if (path.parent / f"{top}.py").exists() or (path.parent / top / "__init__.py").exists():
-                    continue
-                found.setdefault(top, set()).add(path.relative_to(root).as_posix())
+            if (path.parent / f"{top}.py").exists() or (path.parent / top / "__init__.py").exists():
+                continue
+            found.setdefault(top, set()).add(path.relative_to(root).as_posix())
     return found
 
 

@@ -6,12 +6,12 @@ only behind the door."""
 
 from __future__ import annotations
 
-import ast
 import tomllib
 from pathlib import Path
 
 from lopd.compat import dvc as compat_dvc
 from tests.conftest import REPO
+from tests.unit.test_dependencies import absolute_imports
 
 PACKAGE = REPO / "lopd"
 DOOR = {"lopd.workflow", "lopd.launch", "lopd.compat.dvc"}
@@ -26,16 +26,9 @@ def dvc_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
     """lopd module -> the ``dvc`` modules it imports anywhere in its source (inside functions too)."""
     found: dict[str, set[str]] = {}
     for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                if name == "dvc" or name.startswith("dvc."):
-                    found.setdefault(_module(path, package.parent), set()).add(name)
+        for name in absolute_imports(path):
+            if name == "dvc" or name.startswith("dvc."):
+                found.setdefault(_module(path, package.parent), set()).add(name)
     return found
 
 
