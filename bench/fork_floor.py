@@ -1,6 +1,6 @@
 """The floor under a sandboxed program's cost: what one fresh process costs the machine before any confinement.
 
-    python bench/fork_floor.py [--runs 400] [--repeats 3]
+    python bench/fork_floor.py [--runs 400] [--repeats 3] [--cold] [--preload signal]
 
 The sandbox's rule is one fresh process per program (``lopd/sandbox``: the fork server forks a child that confines
 itself and runs exactly one program). This bench measures what that rule alone costs, with none of the sandbox's
@@ -21,10 +21,11 @@ work: in a process started like the fork server (``python -I -S -B``, the module
   program's do;
 
 and prints, for each, the machine's CPU per process (``/proc/stat``: every core, the kernel included) and the
-parent's wall time per process, the median over ``--repeats`` rounds, each in a fresh process. Set against ``bench/scoring.py``'s
-machine CPU per scored program, it says how much of that cost a cheaper sandbox can remove at all, and the last two rows how much of it the
-child's own confinement takes (what is left is the parent's pipes, temp dir and round trips, the payload and
-the replies).
+parent's wall time per process, the median over ``--repeats`` rounds, each in a fresh process. Set against
+``bench/scoring.py``'s machine CPU per scored program, the first rows say how much of that cost a cheaper sandbox
+can remove at all, and the last four how much the child's own confinement takes (what is left is the parent's
+pipes, temp dir and round trips, the payload and the replies). ``--preload signal`` imports a module before the
+forks beyond the server's own (``disarm`` imports ``signal``).
 """
 
 from __future__ import annotations
