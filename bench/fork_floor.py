@@ -57,26 +57,22 @@ def compile_work():
     exec(compile(SRC, "<p>", "exec"), ns)
     return ns["f"](python_work())
 
-def confine_work():  # + the child's own session and limits (lopd.sandbox.child.start_child, confine)
-    os.setsid()
-    child.confine(5, 1 << 30, False)
-    return compile_work()
-
-def guard_steps(upto):  # + the audit hook over the program's temp dir, step by step (lopd.sandbox.child.run)
+def sandbox_steps(upto):  # the child's own steps, in lopd.sandbox.child's order, up to step ``upto``, then the code
     def work():
-        os.setsid()
+        os.setsid()  # 0: its own session and limits (start_child, confine)
         child.confine(5, 1 << 30, False)
-        tmp = os.path.realpath(os.getcwd())
-        hook, _ = audit.make_guard(tmp, audit.read_roots(tmp, child._PREPARED[1]))
-        if upto >= 2:
+        if upto >= 1:  # 1: the audit hook over the program's temp dir, built (run)
+            tmp = os.path.realpath(os.getcwd())
+            hook, _ = audit.make_guard(tmp, audit.read_roots(tmp, child._PREPARED[1]))
+        if upto >= 2:  # 2: what the hook cannot police, taken away
             audit.disarm()
-        if upto >= 3:
+        if upto >= 3:  # 3: the hook on
             sys.addaudithook(hook)
         return compile_work()
     return work
 
-WORK = {"bare": None, "python": python_work, "compile": compile_work, "confine": confine_work,
-        "guard": guard_steps(1), "disarm": guard_steps(2), "hook": guard_steps(3)}
+WORK = {"bare": None, "python": python_work, "compile": compile_work, "confine": sandbox_steps(0),
+        "guard": sandbox_steps(1), "disarm": sandbox_steps(2), "hook": sandbox_steps(3)}
 
 def measure(mode, n):
     work = WORK[mode]
